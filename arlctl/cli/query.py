@@ -1,0 +1,78 @@
+"""`arlctl query`: SQL over trajectory shards with DuckDB (the view is named `trajectories`)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+import duckdb
+import typer
+from rich.table import Table
+
+from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.errors import TerminalError
+from arlctl.io.duck import connect
+from arlctl.io.shards import scan
+
+HELP = """Run SQL over shards; the rows are visible as the view `trajectories`.
+
+List and struct columns work as in DuckDB:
+
+  arlctl query "select env, avg(reward) from trajectories group by 1" RUN/rewarded
+
+  arlctl query "select trajectory_id, len(response_ids) n from trajectories order by n desc limit 5" RUN/rollouts
+
+  arlctl query "select t.tool_calls from trajectories, unnest(turns) as u(t) limit 3" RUN/rollouts --json
+"""
+
+
+def gather_shards(paths: list[str]) -> list[str]:
+    """All shards under the given paths; stray non-Parquet files are reported, never read."""
+    shards: list[str] = []
+    for path in paths:
+        listing = scan(path)
+        for stray in listing.strays:
+            console.print(f"[yellow]warning:[/] skipping non-Parquet file {stray}")
+        shards.extend(listing.shards)
+    if not shards:
+        raise TerminalError(f"no shards found at {', '.join(paths)}", hint="shards are *.parquet files")
+    return shards
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("query", help=HELP)
+    @handle_errors
+    def query(
+        sql: str = typer.Argument(..., help="SQL; the shards are the view `trajectories`."),
+        paths: list[str] = typer.Argument(..., help="Shard files or directories (any fsspec URL)."),
+        as_json: bool = typer.Option(False, "--json", help="NDJSON rows on stdout."),
+        as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout."),
+        limit: int = typer.Option(1000, "--max-rows", help="Rows shown in the table view."),
+    ) -> None:
+        con = connect(gather_shards(paths))
+        try:
+            result = con.execute(sql)
+        except duckdb.Error as err:
+            message = " ".join(str(err).split())
+            raise TerminalError(f"SQL error: {message}") from None
+        columns = [d[0] for d in result.description] if result.description else []
+        rows = result.fetchall()
+        if as_json:
+            for row in rows:
+                print_json(dict(zip(columns, row, strict=True)))
+            return
+        if as_csv:
+            writer = csv.writer(sys.stdout)
+            writer.writerow(columns)
+            writer.writerows(rows)
+            return
+        table = Table(*columns, show_lines=False)
+        for row in rows[:limit]:
+            table.add_row(*[_cell(v) for v in row])
+        console.print(table)
+        console.print(f"[dim]{len(rows)} rows[/]")
+
+
+def _cell(value: object) -> str:
+    text = "NULL" if value is None else str(value)
+    return text if len(text) <= 120 else text[:117] + "..."

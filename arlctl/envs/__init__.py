@@ -1,0 +1,1 @@
+"""Environments: the Env protocol (base.py) and the math, swe and code environments."""

@@ -1,0 +1,47 @@
+"""DuckDB over trajectory shards: every query sees a view named `trajectories`.
+
+Local shards are read by DuckDB directly; shards on any other fsspec filesystem (s3://, memory://)
+are read through that filesystem registered with DuckDB, so the same SQL works everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+
+from arlctl.errors import NoShardsError
+from arlctl.io.fs import get_fs, is_local
+from arlctl.io.shards import list_shards
+
+VIEW = "trajectories"
+
+
+def _sql_list(paths: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def connect(shards: Sequence[str], threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with `trajectories` as a view over the given shard files."""
+    if not shards:
+        raise NoShardsError("(no paths)")
+    con = duckdb.connect(":memory:")
+    if threads:
+        con.execute(f"SET threads TO {int(threads)}")
+    registered: set[str] = set()
+    for shard in shards:
+        fs, _ = get_fs(shard)
+        if not is_local(fs):
+            proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+            if proto not in registered:
+                con.register_filesystem(fs)
+                registered.add(proto)
+    con.execute(f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({_sql_list(shards)})")
+    return con
+
+
+def connect_paths(*paths: str) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    shards = list_shards(*paths)
+    if not shards:
+        raise NoShardsError(", ".join(paths))
+    return connect(shards), shards

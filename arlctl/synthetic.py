@@ -1,0 +1,116 @@
+"""Synthetic trajectories for tests and benchmarks: realistic shape, no model needed.
+
+Rows look like agentic rollouts: ~20 turns, ~10k tokens, generated spans (mask 1, real-looking
+log-probs) interleaved with observation spans (mask 0, log-prob 0), G samples per group, a mix of
+statuses, and rewards in the ranges real verifiers produce. Everything is drawn from a seeded
+numpy Generator, so the same arguments give the same rows (ids included).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+
+from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
+
+ENVS = ("math", "swe", "code")
+TOOLS = {"math": ["calculator"], "swe": ["bash", "view_file", "edit_file", "run_tests"], "code": ["python"]}
+STATUS_P = {"ok": 0.86, "truncated": 0.06, "timeout": 0.03, "env_error": 0.03, "policy_error": 0.02}
+VOCAB = 49152  # SmolLM2 vocabulary size
+
+
+def _id(rng: np.random.Generator) -> str:
+    return str(uuid.UUID(bytes=rng.bytes(16), version=4))
+
+
+def synthetic_rows(
+    n_groups: int,
+    group_size: int = 4,
+    seed: int = 0,
+    mean_turns: int = 20,
+    tokens_per_turn: int = 500,
+    envs: tuple[str, ...] = ENVS,
+    policy_version: int = 0,
+    rewarded: bool = True,
+    reward_p: float = 0.4,
+) -> list[TrajectoryRow]:
+    """n_groups × group_size rows; about mean_turns × tokens_per_turn response tokens each."""
+    rng = np.random.default_rng(seed)
+    base_time = datetime(2026, 1, 1, tzinfo=UTC)
+    rows: list[TrajectoryRow] = []
+    statuses, status_p = list(STATUS_P), list(STATUS_P.values())
+    for g in range(n_groups):
+        env = envs[g % len(envs)]
+        group_id = _id(rng)
+        task = {"task_id": f"{env}-{g:06d}", "question": f"synthetic task {g}"}
+        prompt_ids = rng.integers(0, VOCAB, size=int(rng.integers(60, 200))).astype(np.int32).tolist()
+        task_p = float(np.clip(rng.normal(reward_p, 0.25), 0.0, 1.0))  # per-task difficulty
+        for s in range(group_size):
+            rows.append(
+                _one_row(rng, env, group_id, s, task, prompt_ids, mean_turns, tokens_per_turn,
+                         base_time + timedelta(seconds=g * 7 + s), policy_version, rewarded, task_p,
+                         statuses, status_p)
+            )
+    return rows
+
+
+def _one_row(rng, env, group_id, sample_index, task, prompt_ids, mean_turns, tokens_per_turn, started,
+             policy_version, rewarded, task_p, statuses, status_p) -> TrajectoryRow:
+    n_turns = int(np.clip(rng.poisson(mean_turns), 1, 4 * mean_turns))
+    response_ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    turns: list[Turn] = []
+    gen_time = env_time = 0.0
+    n_calls = 0
+    for t in range(n_turns):
+        gen_len = int(max(1, rng.gamma(2.0, tokens_per_turn * 0.35 / 2.0)))
+        last = t == n_turns - 1
+        obs_len = 0 if last else int(max(1, rng.gamma(2.0, tokens_per_turn * 0.65 / 2.0)))
+        gen_start = len(response_ids)
+        response_ids.extend(rng.integers(0, VOCAB, size=gen_len + obs_len).astype(np.int32).tolist())
+        mask.extend([1] * gen_len + [0] * obs_len)
+        # Sampled-token log-probs of a small model: mostly confident, a heavy tail of surprises.
+        lp = -rng.exponential(0.6, size=gen_len).astype(np.float32)
+        logprobs.extend(lp.tolist() + [0.0] * obs_len)
+        tool = str(rng.choice(TOOLS[env]))
+        calls = [] if last else [{"name": tool, "arguments": {"arg": int(rng.integers(0, 1000))}, "id": f"call_{t}"}]
+        n_calls += len(calls)
+        g_lat, e_lat = float(rng.gamma(2.0, 0.4)), float(rng.lognormal(-1.2, 1.0))
+        gen_time += g_lat
+        env_time += 0.0 if last else e_lat
+        turns.append(Turn(index=t, gen_start=gen_start, gen_len=gen_len, obs_len=obs_len,
+                          text=f"turn {t}: thinking about step {t}",
+                          tool_calls=calls, observation=None if last else f"result {t}",
+                          policy_version=policy_version, gen_latency_s=g_lat,
+                          env_latency_s=0.0 if last else e_lat))
+    status = str(rng.choice(statuses, p=status_p))
+    finish = {"ok": "submit", "truncated": "max_tokens", "timeout": "timeout", "env_error": "error",
+              "policy_error": "error"}[status]
+    correct = float(rng.random() < task_p) if status == "ok" else 0.0
+    wall = gen_time + env_time + float(rng.exponential(0.05))
+    row = TrajectoryRow(
+        group_id=group_id, sample_index=sample_index, task_id=task["task_id"], env=env,
+        env_version=f"{env}-1", task=task, policy="synthetic", prompt_text=f"<prompt {task['task_id']}>",
+        prompt_ids=prompt_ids, response_ids=response_ids, response_mask=mask, response_logprobs=logprobs,
+        turns=turns, status=status, finish_reason=finish, policy_version=policy_version,
+        policy_version_last=policy_version, num_tool_calls=n_calls, env_errors=int(rng.poisson(0.3)),
+        retries=0, wall_time_s=wall, gen_time_s=gen_time, env_time_s=env_time, started_at=started,
+        finished_at=started + timedelta(seconds=wall), final_state=f"answer {int(rng.integers(0, 100))}",
+        trajectory_id=_id(rng),
+    )
+    if rewarded:
+        fmt = float(rng.random() < 0.9)
+        row.reward = correct
+        row.reward_components = {"correct": correct, "format": fmt}
+        row.reward_info = json.dumps({"synthetic": True})
+        row.reward_version = f"{env}-synthetic-1"
+    return row
+
+
+def synthetic_table(n_groups: int, group_size: int = 4, seed: int = 0, **kwargs) -> pa.Table:
+    return rows_to_table(synthetic_rows(n_groups, group_size, seed, **kwargs))

@@ -1,0 +1,141 @@
+"""The trajectory schema is frozen: any change must be a new version with a named migration."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from arlctl.schemas import trajectory as T
+from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table, uuid7
+
+from arlctl.synthetic import synthetic_table
+
+# The golden copy of schema version 1: (name, type, nullable). Edit only together with a migration.
+GOLDEN_V1 = [
+    ("schema_version", "int16", False),
+    ("trajectory_id", "string", False),
+    ("group_id", "string", False),
+    ("sample_index", "int16", False),
+    ("task_id", "string", False),
+    ("env", "string", False),
+    ("env_version", "string", False),
+    ("task", "string", False),
+    ("policy", "string", False),
+    ("policy_version", "int64", False),
+    ("policy_version_last", "int64", False),
+    ("prompt_text", "string", False),
+    ("prompt_ids", "list<item: int32>", False),
+    ("response_ids", "list<item: int32>", False),
+    ("response_mask", "list<item: int8>", False),
+    ("response_logprobs", "list<item: float>", False),
+    ("turns", "list<item: struct<index: int16 not null, gen_start: int32 not null, gen_len: int32 not null, "
+              "obs_len: int32 not null, text: string not null, tool_calls: string not null, observation: string, "
+              "policy_version: int64 not null, gen_latency_s: float not null, env_latency_s: float not null, "
+              "reward_step: float, error: string>>", False),
+    ("status", "string", False),
+    ("finish_reason", "string", False),
+    ("num_turns", "int16", False),
+    ("num_tool_calls", "int16", False),
+    ("env_errors", "int16", False),
+    ("retries", "int16", False),
+    ("prompt_tokens", "int32", False),
+    ("response_tokens", "int32", False),
+    ("generated_tokens", "int32", False),
+    ("wall_time_s", "float", False),
+    ("gen_time_s", "float", False),
+    ("env_time_s", "float", False),
+    ("started_at", "timestamp[us, tz=UTC]", False),
+    ("finished_at", "timestamp[us, tz=UTC]", False),
+    ("final_state", "string", True),
+    ("reward", "float", True),
+    ("reward_components", "map<string, float>", True),
+    ("reward_info", "string", True),
+    ("reward_version", "string", True),
+    ("advantage", "float", True),
+    ("weight", "float", True),
+    ("trace_id", "string", False),
+]
+
+
+def test_schema_matches_golden_copy():
+    actual = [(f.name, str(f.type), f.nullable) for f in T.TRAJECTORY_SCHEMA]
+    assert actual == GOLDEN_V1
+
+
+def test_schema_metadata_and_docs():
+    meta = T.TRAJECTORY_SCHEMA.metadata
+    assert meta[b"arlctl.schema"] == b"trajectory"
+    assert meta[b"arlctl.schema_version"] == b"1"
+    assert all(f.metadata and f.metadata[b"doc"] for f in T.TRAJECTORY_SCHEMA)
+
+
+def test_migration_registry_is_append_only_and_empty_for_v1():
+    assert T.SCHEMA_VERSION == 1
+    assert T.MIGRATIONS == {}
+    T.check_version(1)
+    with pytest.raises(T.SchemaError, match="unknown schema version 2"):
+        T.check_version(2)
+
+
+def test_validate_names_the_offending_column():
+    table = synthetic_table(2, 2, seed=1)
+    bad = table.set_column(table.schema.get_field_index("reward"), "reward",
+                           table.column("reward").cast(pa.float64()))
+    with pytest.raises(T.SchemaError) as err:
+        T.validate(bad)
+    assert err.value.column == "reward"
+    with pytest.raises(T.SchemaError, match="missing column 'trace_id'"):
+        T.validate(table.drop(["trace_id"]))
+    nulls = table.set_column(table.schema.get_field_index("task_id"), pa.field("task_id", pa.string()),
+                             pa.array([None] * table.num_rows, pa.string()))
+    with pytest.raises(T.SchemaError, match="'task_id' has nulls"):
+        T.validate(nulls)
+
+
+def test_validate_checks_token_layout():
+    row = TrajectoryRow(group_id="g", sample_index=0, task_id="t", env="math", env_version="1", task={},
+                        policy="p", prompt_text="x", prompt_ids=[1, 2], response_ids=[3, 4, 5],
+                        response_mask=[1, 1], response_logprobs=[-0.1, -0.2, 0.0])
+    with pytest.raises(T.SchemaError, match="response_mask"):
+        rows_to_table([row])
+
+
+def test_row_builder_derives_counters():
+    row = TrajectoryRow(group_id="g", sample_index=1, task_id="t", env="math", env_version="math-1",
+                        task={"q": 1}, policy="p", prompt_text="x", prompt_ids=[1, 2, 3],
+                        response_ids=[4, 5, 6, 7], response_mask=[1, 1, 0, 1],
+                        response_logprobs=[-0.5, -0.25, 0.0, -1.0],
+                        turns=[Turn(0, 0, 2, 1, "ab"), Turn(1, 3, 1, 0, "c")])
+    got = rows_to_table([row]).to_pylist()[0]
+    assert (got["prompt_tokens"], got["response_tokens"], got["generated_tokens"], got["num_turns"]) == (3, 4, 3, 2)
+    assert got["trace_id"] == got["trajectory_id"]
+    assert got["task"] == '{"q": 1}'
+
+
+def test_uuid7_is_time_ordered_and_versioned():
+    import time
+    import uuid
+
+    a = uuid7()
+    time.sleep(0.002)
+    b = uuid7()
+    assert a < b
+    assert uuid.UUID(a).version == 7
+    assert len({uuid7() for _ in range(1000)}) == 1000
+
+
+def test_synthetic_rows_are_realistic():
+    table = synthetic_table(8, 4, seed=3)
+    rows = table.to_pylist()
+    assert table.num_rows == 32
+    assert len({r["group_id"] for r in rows}) == 8
+    mean_turns = sum(r["num_turns"] for r in rows) / len(rows)
+    mean_tokens = sum(r["response_tokens"] for r in rows) / len(rows)
+    assert 14 <= mean_turns <= 26
+    assert 6_000 <= mean_tokens <= 14_000
+    for r in rows:
+        assert set(r["response_mask"]) <= {0, 1}
+        # mask-0 positions carry log-prob 0; turn offsets point at mask-1 spans
+        assert all(lp == 0.0 for lp, m in zip(r["response_logprobs"], r["response_mask"]) if m == 0)
+        for t in r["turns"]:
+            assert all(r["response_mask"][t["gen_start"] + i] == 1 for i in range(t["gen_len"]))
+    assert synthetic_table(8, 4, seed=3).equals(table)
