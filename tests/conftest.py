@@ -11,6 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The tests' models are tiny: one intra-op thread is faster than two fighting over small kernels, and it
+# keeps a loaded machine usable.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
 
 @pytest.fixture
 def run_dir(tmp_path):

@@ -31,7 +31,7 @@ app = typer.Typer(
 )
 
 # Each module defines register(app). Listed in the order `--help` shows them.
-COMMAND_MODULES = ["query", "inspect", "show", "validate"]
+COMMAND_MODULES = ["rollout", "reward", "query", "inspect", "show", "validate", "model"]
 
 
 def _version(value: bool) -> None:
@@ -55,3 +55,7 @@ for _name in COMMAND_MODULES:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,7 @@ def gather_shards(paths: list[str]) -> list[str]:
     for path in paths:
         listing = scan(path)
         for stray in listing.strays:
-            console.print(f"[yellow]warning:[/] skipping non-Parquet file {stray}")
+            console.print(f"[yellow]warning:[/] skipping non-Parquet file {stray}", soft_wrap=True)
         shards.extend(listing.shards)
     if not shards:
         raise TerminalError(f"no shards found at {', '.join(paths)}", hint="shards are *.parquet files")

@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(report)
         for stray in report["strays"]:
-            console.print(f"[yellow]warning:[/] not a shard (ignored): {stray}")
+            console.print(f"[yellow]warning:[/] not a shard (ignored): {stray}", soft_wrap=True)
         for entry in report["bad"]:
             moved = f" -> {entry['quarantined_to']}" if "quarantined_to" in entry else ""
             console.print(f"[red]bad[/] {entry['shard']}: {entry['error']}{moved}", soft_wrap=True)

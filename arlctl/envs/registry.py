@@ -32,7 +32,7 @@ class Reward:
 
 ENVS: dict[str, EnvFactory] = {}
 REWARDS: dict[str, tuple[ScoreFn, str]] = {}  # name -> (score function, base version)
-_PROVIDERS = {"swe": "arlctl.envs.swe", "code": "arlctl.envs.code"}
+_PROVIDERS = {"swe": "arlctl.envs.swe", "code": "arlctl.envs.code", "first-token": "arlctl.envs.toy"}
 
 
 def register_env(name: str, factory: EnvFactory) -> None:

@@ -22,7 +22,7 @@ from arlctl.io.fs import get_fs
 TaskSource = Callable[[dict[str, str]], list[dict[str, Any]]]
 BUILTIN_SOURCES: dict[str, TaskSource] = {}
 # builtin name -> module whose import registers it (lazy, so loading math tasks never imports swe).
-_PROVIDERS = {"swe": "arlctl.envs.swe", "code": "arlctl.envs.code"}
+_PROVIDERS = {"swe": "arlctl.envs.swe", "code": "arlctl.envs.code", "first-token": "arlctl.envs.toy"}
 
 
 def register_task_source(name: str) -> Callable[[TaskSource], TaskSource]:

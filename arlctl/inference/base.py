@@ -13,6 +13,7 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # stop only on stop_ids or max_new_tokens (benchmarks, fixed-length probes)
 
 
 @dataclass

@@ -36,7 +36,7 @@ def connect(shards: Sequence[str], threads: int | None = None) -> duckdb.DuckDBP
             if proto not in registered:
                 con.register_filesystem(fs)
                 registered.add(proto)
-    con.execute(f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({_sql_list(shards)})")
+    con.execute(f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({_sql_list(shards)}, filename = true)")
     return con
 
 

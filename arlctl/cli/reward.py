@@ -1,0 +1,51 @@
+"""`arlctl reward`: score rollouts; 1:1 output shards; inputs already consumed are skipped."""
+
+from __future__ import annotations
+
+import typer
+
+from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.rollout import parse_env_options
+from arlctl.io.layout import resolve_io
+
+HELP = """Score trajectories with a reward function: fills reward, reward_components, reward_info and
+reward_version. Each input shard gives one output shard of the same name; re-running skips what the
+output directory already holds (lineage), so it is safe after a crash or from cron.
+
+  arlctl reward --run runs/r1 --reward math
+
+  arlctl reward --in runs/r1/rollouts --out runs/r1/rewarded-v2 --reward math --reward-opt format_weight=0.1
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("reward", help=HELP)
+    @handle_errors
+    def reward_cmd(
+        reward: str = typer.Option("math", "--reward", help="Reward function: math, swe."),
+        run: str = typer.Option(None, "--run", help="Run directory: RUN/rollouts -> RUN/rewarded."),
+        in_: str = typer.Option(None, "--in", help="Input shard directory."),
+        out: str = typer.Option(None, "--out", help="Output shard directory."),
+        reward_opt: list[str] = typer.Option([], "--reward-opt", help="KEY=VALUE options of the reward."),
+        concurrency: int = typer.Option(4, "--concurrency", help="Rows graded at once (sandboxed graders)."),
+        quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt inputs to _quarantine/ and go on."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Score but write nothing."),
+        as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
+    ) -> None:
+        from arlctl.envs.registry import get_reward
+        from arlctl.stages.reward import reward_dir
+
+        in_, out = resolve_io("reward", run, in_, out)
+        fn = get_reward(reward, **parse_env_options(reward_opt))
+        summary = reward_dir(in_, out, fn, concurrency=concurrency,
+                             on_corrupt="quarantine" if quarantine else "raise", dry_run=dry_run).as_dict()
+        summary["reward_version"] = fn.version
+        if as_json:
+            print_json(summary)
+        mean = "-" if summary["mean_reward"] is None else f"{summary['mean_reward']:.4f}"
+        verb = "would write" if dry_run else "wrote"
+        console.print(f"rewarded {summary['rows']} rows ({fn.version}), mean reward {mean}; {verb} "
+                      f"{len(summary['written']) if not dry_run else summary['inputs'] - summary['skipped_consumed']} "
+                      f"shards to {out}; skipped {summary['skipped_consumed']} already consumed")
+        for line in summary["corrupt"]:
+            console.print(f"[yellow]quarantined[/] {line}")

@@ -1,0 +1,208 @@
+"""The swe environment: fix a bug in a repository inside a sandbox; graded later by hidden tests.
+
+Two action styles:
+  mode="tools" (default)  OpenAI function tools, hermes <tool_call> blocks: bash, view_file, edit_file,
+                          create_file, run_tests, submit.
+  mode="text"             mini-swe-agent style: exactly one ```bash block per turn; the command
+                          `echo SUBMIT` (or `submit`) ends the episode.
+The workspace is the task's one-commit snapshot (tasks.prepare_snapshot) in a sandbox leased from a
+warm pool. Tool failures are observations, never exceptions. On submit (and from `final_state()` when
+the loop ends otherwise) the episode's artifact is the diff of the workspace against the snapshot's
+commit, new files included, computed with a private git index so the agent's .git edits cannot hide it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from typing import Any
+
+from arlctl.envs.base import Action, EnvReset, StepResult, ToolCall
+from arlctl.envs.swe.sandboxes import Lease, Provider, shared_provider
+from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot
+from arlctl.envs.swe.tools import HANDLERS
+from arlctl.errors import TerminalError, UsageError
+from arlctl.tools.bash_blocks import parse_bash_blocks
+from arlctl.tools.hermes import parse_hermes
+from arlctl.tools.render import format_parse_error, format_tool_result
+
+ENV_VERSION = "swe-1"
+SUBMIT_COMMANDS = {"echo SUBMIT", "submit", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
+TRUNCATION_MARKER = "\n[... output truncated: {omitted} characters omitted ...]\n"
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+_STR = {"type": "string"}
+TOOLS = [
+    _fn("bash", "Run a shell command in the repository root; returns exit code and output.",
+        {"command": {**_STR, "description": "the command"}}, ["command"]),
+    _fn("view_file", "Show a file with line numbers, optionally only lines start_line..end_line.",
+        {"path": _STR, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}}, ["path"]),
+    _fn("edit_file", "Replace the exact text `old` (which must occur exactly once) with `new` in a file.",
+        {"path": _STR, "old": _STR, "new": _STR}, ["path", "old", "new"]),
+    _fn("create_file", "Create or overwrite a file with the given content.",
+        {"path": _STR, "content": _STR}, ["path", "content"]),
+    _fn("run_tests", "Run the repository's visible tests with pytest (optionally one file or test id).",
+        {"path": {**_STR, "description": "e.g. tests/test_x.py; default: tests"}}, []),
+    _fn("submit", "Finish: submit the current state of the repository as your fix.", {}, []),
+]
+
+SYSTEM_TOOLS = """You are a software engineer fixing a bug in a Python repository.
+The repository is checked out in the current directory ({workdir}). Investigate with the tools, make the
+smallest change to the source code that fixes the issue, run the tests, then call submit. Do not edit
+the tests: hidden tests decide whether the issue is fixed."""
+
+SYSTEM_TEXT = """You are a software engineer fixing a bug in a Python repository, checked out in {workdir}.
+Each reply must contain exactly one ```bash block with one command; you will see its output. Investigate,
+make the smallest change to the source code that fixes the issue (e.g. with sed or python), run the tests
+with `python -m pytest -q tests`, and when done reply with the command `echo SUBMIT`. Do not edit the
+tests: hidden tests decide whether the issue is fixed."""
+
+USER_TEMPLATE = """Repository: {repo} (task {instance_id})
+
+<issue>
+{problem}
+</issue>"""
+
+
+class SweEnv:
+    """One episode of one swe task over one leased sandbox. The loop builds one per trajectory."""
+
+    name = ENV_NAME
+    version = ENV_VERSION
+
+    def __init__(self, mode: str = "tools", sandbox: str = "bwrap", sandboxes: int = 8,
+                 provider: Provider | None = None, command_timeout: float = 20.0, max_output_chars: int = 8000,
+                 max_calls_per_turn: int = 8, insecure_sandbox: bool = False, **limits: Any):
+        if mode not in ("tools", "text"):
+            raise UsageError(f"swe mode must be 'tools' or 'text', got {mode!r}")
+        self.mode, self.kind, self.sandboxes = mode, sandbox, sandboxes
+        self.provider, self.insecure, self.limits = provider, insecure_sandbox, limits
+        self.command_timeout, self.max_output_chars = command_timeout, max_output_chars
+        self.max_calls_per_turn = max_calls_per_turn
+        self.tools = list(TOOLS) if mode == "tools" else []
+        self.tool_format = "hermes" if mode == "tools" else "bash"
+        self.task: dict[str, Any] | None = None
+        self.lease: Lease | None = None
+        self.base_commit = ""
+
+    # ---- the Env protocol ---------------------------------------------------------------------------
+
+    def parse_action(self, text: str) -> Action:
+        if self.mode == "text":
+            calls, errors = parse_bash_blocks(text)
+        else:
+            calls, errors = parse_hermes(text, self.tools)
+        return Action(text=text, tool_calls=calls, parse_errors=errors)
+
+    async def reset(self, task: dict[str, Any]) -> EnvReset:
+        if not isinstance(task.get("problem_statement"), str):
+            raise TerminalError(f"swe task {task.get('task_id')!r} has no problem_statement")
+        await self._release()
+        snapshot = await asyncio.to_thread(prepare_snapshot, task)
+        provider = self.provider or shared_provider(self.kind, self.sandboxes, self.insecure, **self.limits)
+        self.lease = await provider.acquire(snapshot)
+        self.task = task
+        head = await self.sandbox.exec(_git("rev-parse HEAD"), timeout=self.command_timeout)
+        self.base_commit = head.stdout.strip() or "HEAD"
+        workdir = self.sandbox.workdir
+        system = (SYSTEM_TOOLS if self.mode == "tools" else SYSTEM_TEXT).format(workdir=workdir)
+        user = USER_TEMPLATE.format(repo=task.get("repo", ""), instance_id=task.get("instance_id", task["task_id"]),
+                                    problem=task["problem_statement"].strip())
+        return EnvReset(messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+                        tools=list(self.tools))
+
+    async def step(self, action: Action) -> StepResult:
+        if self.lease is None:
+            raise TerminalError("SweEnv.step called before reset")
+        if not action.tool_calls and not action.parse_errors:
+            action = self.parse_action(action.text)
+        role = "tool" if self.mode == "tools" else "user"
+        observations, errors = [], []
+        for parse_error in action.parse_errors:
+            observations.append({**format_parse_error(parse_error), "role": role})
+            errors.append(parse_error.message)
+        for index, call in enumerate(action.tool_calls):
+            if self._is_submit(call):
+                return StepResult(observations=observations, done=True, final_state=await self.final_state(),
+                                  finish_reason="submit", error="; ".join(errors) or None)
+            if index >= self.max_calls_per_turn:
+                content = f"error: at most {self.max_calls_per_turn} tool calls per turn; this call was skipped"
+            else:
+                content = await self._run_tool(call)
+            if content.startswith("error:"):
+                errors.append(content.splitlines()[0])
+            message = format_tool_result(call, content)
+            observations.append(message if self.mode == "tools" else {"role": "user", "content": content})
+        if not observations:
+            hint = "call a tool, or submit" if self.mode == "tools" else "reply with one ```bash block"
+            observations.append({"role": "user", "content": f"No action found: {hint}."})
+        return StepResult(observations=observations, done=False, error="; ".join(errors) or None)
+
+    async def close(self) -> None:
+        await self._release()
+        self.task = None
+
+    # ---- the artifact -------------------------------------------------------------------------------
+
+    async def final_state(self) -> str:
+        """The diff of the workspace against the snapshot commit, new files included."""
+        if self.lease is None:
+            return ""
+        base = shlex.quote(self.base_commit)
+        # A private index: whatever the agent did to .git/index, the diff is of the files on disk.
+        pathspec = "-- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc' ':(exclude).pytest_cache'"
+        script = (f"export GIT_INDEX_FILE=/tmp/.arlctl-diff-index && rm -f $GIT_INDEX_FILE && "
+                  f"{_git('read-tree ' + base)} && {_git('add -A -f ' + pathspec)} && "
+                  f"{_git('diff --cached --no-color --no-ext-diff --no-textconv ' + base)}")
+        result = await self.sandbox.exec(script, timeout=self.command_timeout)
+        if result.exit_code != 0:
+            return ""
+        return result.stdout
+
+    # ---- tools --------------------------------------------------------------------------------------
+
+    @property
+    def sandbox(self):
+        assert self.lease is not None
+        return self.lease.sandbox
+
+    def _is_submit(self, call: ToolCall) -> bool:
+        if call.name == "submit":
+            return True
+        return call.name == "bash" and str(call.arguments.get("command", "")).strip() in SUBMIT_COMMANDS
+
+    async def _run_tool(self, call: ToolCall) -> str:
+        handler = HANDLERS.get(call.name)
+        if handler is None:
+            return f"error: unknown tool {call.name!r}; available: {', '.join(HANDLERS)}, submit"
+        try:
+            return await handler(self, call.arguments)
+        except Exception as err:  # a tool failure is something the model should see, not a crash
+            return f"error: {call.name} failed: {type(err).__name__}: {err}"
+
+    def truncate(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        head = self.max_output_chars * 2 // 3
+        tail = self.max_output_chars - head
+        omitted = len(text) - head - tail
+        return text[:head] + TRUNCATION_MARKER.format(omitted=omitted) + text[-tail:]
+
+    async def _release(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.release()
+
+
+def _git(args: str) -> str:
+    return ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=false "
+            f"-c safe.directory='*' {args}")
+
+
+def make_swe_env(**options: Any) -> SweEnv:
+    return SweEnv(**options)

@@ -1,0 +1,127 @@
+"""The grading driver: runs first in a fresh sandbox, applies the diffs, runs pytest, reports back.
+
+Executed as `python3 -I -c <this source>` with a JSON bundle on stdin; no model code has run in the
+sandbox before it. It applies the (already filtered) agent diff, restores and applies the hidden tests,
+hashes the expected test files, then runs pytest in a child process that receives the per-run secret
+through a pipe (never argv, env or a file). It prints one line `<marker><json>` with the pytest exit
+code and the raw, authenticated results; the host verifies them. The marker is secret too, so output
+written by model code cannot pass for the driver's. Stdlib only.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _no_peeking():
+    # PR_SET_DUMPABLE = 0: the pytest child (same uid) cannot open /proc/<driver>/fd or read our memory.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _git(work, *args):
+    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-C", work, *args]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": "/dev/null"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+
+def _apply(work, hdir, name, diff):
+    path = os.path.join(hdir, name)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(diff)
+    result = _git(work, "apply", "--whitespace=nowarn", "--recount", path)
+    return result.returncode == 0, (result.stderr or result.stdout)[-2000:]
+
+
+def _restore(work, paths):
+    """Put test_patch's files back to their pristine state (tracked: HEAD's version; new: absent)."""
+    for rel in paths:
+        target = os.path.join(work, rel)
+        if _git(work, "cat-file", "-e", f"HEAD:{rel}").returncode == 0:
+            _git(work, "checkout", "HEAD", "--", rel)
+        elif os.path.lexists(target):
+            os.remove(target)
+
+
+def _run_pytest(bundle, hdir, key_setup):
+    work = bundle["workdir"]
+    module = bundle["plugin_module"]
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, json.dumps(key_setup).encode())
+    os.close(write_fd)
+    runner = (
+        "import sys\n"
+        f"sys.path.insert(0, {hdir!r})\n"
+        "import pytest\n"
+        f"sys.path.append({work!r})\n"
+        f"sys.exit(pytest.main({bundle['pytest_args']!r} + ['-p', {module!r}, '--arlctl-key-fd', '{read_fd}']))\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONHASHSEED": "0"}
+    log_path = os.path.join(hdir, "pytest.log")
+    with open(log_path, "wb") as log:
+        # -P: the working directory is not put first on sys.path, so a planted pytest.py cannot shadow pytest.
+        proc = subprocess.Popen([sys.executable, "-P", "-s", "-B", "-c", runner], cwd=work, env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                pass_fds=(read_fd,), start_new_session=True)
+        os.close(read_fd)
+        timed_out = False
+        try:
+            code = proc.wait(timeout=bundle["timeout"])
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+    with open(log_path, "rb") as handle:
+        log_tail = handle.read()[-4000:].decode("utf-8", "replace")
+    return code, timed_out, log_tail
+
+
+def main():
+    bundle = json.loads(sys.stdin.read())
+    _no_peeking()
+    work, hdir = bundle["workdir"], bundle["harness_dir"]
+    os.makedirs(hdir, mode=0o700)
+    report = {"apply_ok": True, "apply_error": "", "exit_code": None, "timed_out": False, "results": "",
+              "log_tail": "", "harness_error": ""}
+    started = time.monotonic()
+    if bundle["diff"].strip():
+        report["apply_ok"], report["apply_error"] = _apply(work, hdir, "agent.diff", bundle["diff"])
+    if report["apply_ok"]:
+        _restore(work, bundle["test_paths"])
+        ok, err = _apply(work, hdir, "tests.diff", bundle["test_patch"]) if bundle["test_patch"].strip() else (True, "")
+        if not ok:
+            report["harness_error"] = "test_patch does not apply: " + err
+        else:
+            with open(os.path.join(hdir, bundle["plugin_module"] + ".py"), "w", encoding="utf-8") as handle:
+                handle.write(bundle["plugin_source"])
+            hashes = {}
+            for rel in bundle["test_files"]:
+                path = os.path.join(work, rel)
+                if os.path.isfile(path):
+                    with open(path, "rb") as handle:
+                        hashes[rel] = hashlib.sha256(handle.read()).hexdigest()
+            results = os.path.join(hdir, "results.jsonl")
+            protected = sorted({os.path.dirname(os.path.join(work, rel)) for rel in hashes} | {hdir})
+            setup = {"key": bundle["key"], "results": results, "expected_hashes": hashes,
+                     "protected": protected, "allow_subprocess": bundle["allow_subprocess"]}
+            code, timed_out, log_tail = _run_pytest(bundle, hdir, setup)
+            report.update(exit_code=code, timed_out=timed_out, log_tail=log_tail)
+            if os.path.exists(results):
+                with open(results, encoding="utf-8", errors="replace") as handle:
+                    report["results"] = handle.read(4_000_000)
+    report["seconds"] = round(time.monotonic() - started, 3)
+    sys.stdout.write("\n" + bundle["marker"] + json.dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+main()

@@ -1,0 +1,137 @@
+"""Where SweEnv gets its sandboxes: warm pools per task snapshot, shared by every env of an event loop.
+
+The rollout makes one SweEnv per trajectory; they share a `PoolProvider` (one per event loop, kind and
+limits) that keeps one warm pool per repository snapshot, at most `max_pools` pools alive (idle ones
+are closed least recently used first), and at most `sandboxes` sandboxes held at once. Tests and callers
+may pass their own provider, or wrap one pool for a single snapshot with `SinglePool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from arlctl.sandbox.base import Sandbox
+from arlctl.sandbox.pool import SandboxPool
+
+
+class Lease(Protocol):
+    sandbox: Sandbox
+
+    async def release(self) -> None: ...
+
+
+class Provider(Protocol):
+    async def acquire(self, snapshot: str) -> Lease: ...
+
+
+class _PoolLease:
+    def __init__(self, sandbox: Sandbox, context: contextlib.AbstractAsyncContextManager, on_release=None):
+        self.sandbox, self._context, self._on_release = sandbox, context, on_release
+        self._released = False
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            await self._context.__aexit__(None, None, None)  # the pool resets or replaces it
+        finally:
+            if self._on_release is not None:
+                self._on_release()
+
+
+async def lease_from(pool: SandboxPool, on_release=None) -> _PoolLease:
+    context = pool.acquire()
+    sandbox = await context.__aenter__()
+    return _PoolLease(sandbox, context, on_release)
+
+
+class SinglePool:
+    """A provider over one pool the caller started (its snapshot must be the task's)."""
+
+    def __init__(self, pool: SandboxPool):
+        self.pool = pool
+
+    async def acquire(self, snapshot: str) -> Lease:
+        return await lease_from(self.pool)
+
+
+class PoolProvider:
+    def __init__(self, kind: str = "bwrap", sandboxes: int = 8, pool_size: int = 2, max_pools: int | None = None,
+                 insecure: bool = False, **limits: Any):
+        self.kind, self.insecure, self.limits = kind, insecure, limits
+        self.pool_size = max(1, min(pool_size, sandboxes))
+        self.max_pools = max_pools or max(2, sandboxes)
+        self._slots = asyncio.Semaphore(sandboxes)
+        self._pools: OrderedDict[str, SandboxPool] = OrderedDict()
+        self._held: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    async def _pool(self, snapshot: str) -> SandboxPool:
+        from arlctl.sandbox import make_pool
+
+        async with self._lock:
+            # Count the hold under the lock, so eviction never closes a pool someone is about to use.
+            self._held[snapshot] = self._held.get(snapshot, 0) + 1
+            if snapshot in self._pools:
+                self._pools.move_to_end(snapshot)
+                return self._pools[snapshot]
+            while len(self._pools) >= self.max_pools:
+                idle = next((s for s in self._pools if not self._held.get(s)), None)
+                if idle is None:
+                    break
+                await self._pools.pop(idle).close()
+            pool = make_pool(self.kind, snapshot, size=self.pool_size, insecure=self.insecure, **self.limits)
+            try:
+                await pool.start()
+            except BaseException:
+                self._held[snapshot] -= 1
+                raise
+            self._pools[snapshot] = pool
+            return pool
+
+    async def acquire(self, snapshot: str) -> Lease:
+        await self._slots.acquire()
+        try:
+            pool = await self._pool(snapshot)
+        except BaseException:
+            self._slots.release()
+            raise
+        try:
+            return await lease_from(pool, on_release=lambda: self._done(snapshot))
+        except BaseException:
+            self._done(snapshot)
+            raise
+
+    def _done(self, snapshot: str) -> None:
+        self._held[snapshot] -= 1
+        self._slots.release()
+
+    async def close(self) -> None:
+        pools, self._pools = list(self._pools.values()), OrderedDict()
+        for pool in pools:
+            await pool.close()
+
+
+_SHARED: dict[tuple, PoolProvider] = {}
+
+
+def shared_provider(kind: str, sandboxes: int, insecure: bool, **limits: Any) -> PoolProvider:
+    """The provider every SweEnv of the running event loop with these settings uses."""
+    loop = asyncio.get_running_loop()
+    key = (id(loop), kind, sandboxes, insecure, tuple(sorted(limits.items())))
+    for stale in [k for k, p in _SHARED.items() if k[0] != id(loop) and p is not None]:
+        _SHARED.pop(stale)  # a previous asyncio.run's loop: its pools died with it
+    if key not in _SHARED:
+        _SHARED[key] = PoolProvider(kind, sandboxes=sandboxes, insecure=insecure, **limits)
+    return _SHARED[key]
+
+
+async def close_shared() -> None:
+    """Close every shared pool of the running loop (call once when a rollout ends)."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _SHARED if k[0] == loop_id]:
+        await _SHARED.pop(key).close()

@@ -1,0 +1,5 @@
+from b64tools import decode_token
+
+
+def test_decode():
+    assert decode_token("aGk") == b"hi"

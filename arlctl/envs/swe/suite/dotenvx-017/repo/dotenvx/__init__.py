@@ -1,0 +1,5 @@
+"""dotenvx: parse .env files."""
+
+from dotenvx.parser import parse
+
+__all__ = ["parse"]

@@ -1,0 +1,5 @@
+"""natsort_lite: natural sort of strings with numbers."""
+
+from natsort_lite.sorting import natural_key, natural_sorted
+
+__all__ = ["natural_sorted", "natural_key"]

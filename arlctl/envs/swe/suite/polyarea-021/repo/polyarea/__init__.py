@@ -1,0 +1,5 @@
+"""polyarea: polygon measurements."""
+
+from polyarea.measure import area, perimeter
+
+__all__ = ["area", "perimeter"]

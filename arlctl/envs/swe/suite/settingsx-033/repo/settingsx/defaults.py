@@ -1,0 +1,3 @@
+"""Built-in defaults."""
+
+DEFAULTS = {"debug": False, "workers": 4, "name": "app"}

@@ -1,0 +1,5 @@
+"""shipcalc: shipping price by weight bracket."""
+
+from shipcalc.price import price_for
+
+__all__ = ["price_for"]

@@ -1,0 +1,5 @@
+"""slugger: URL slugs."""
+
+from slugger.slug import slugify, unique_slug
+
+__all__ = ["slugify", "unique_slug"]

@@ -1,0 +1,5 @@
+"""spreadx: dispersion statistics."""
+
+from spreadx.dispersion import stdev, variance
+
+__all__ = ["variance", "stdev"]

@@ -1,0 +1,6 @@
+"""Raw moments."""
+
+
+def mean(values):
+    values = list(values)
+    return sum(values) / len(values)

@@ -1,0 +1,5 @@
+"""tempconv: temperature conversions."""
+
+from tempconv.convert import c_to_f, convert, f_to_c
+
+__all__ = ["c_to_f", "f_to_c", "convert"]

@@ -1,0 +1,5 @@
+"""triex: a prefix tree of words."""
+
+from triex.trie import Trie
+
+__all__ = ["Trie"]

@@ -1,0 +1,373 @@
+"""The rollout stage: multi-turn episodes of a policy in an environment, written as trajectory rows.
+
+One coroutine per trajectory (DESIGN.md §6). Per turn: generate from the exact token sequence so far,
+parse tool calls, step the environment, append the observation segment, repeat until the env says done
+or a bound hits. While one trajectory waits on its tool, the others generate: the policy backend
+batches whatever requests are waiting.
+
+Faults never kill the batch: a tool exception or malformed call becomes an error observation; a step
+timeout returns "timeout" to the model; an inference failure retries with backoff, then ends the
+trajectory with status policy_error. Cancellation (Ctrl-C) ends in-flight trajectories as `aborted`
+with everything they had recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from arlctl.envs.base import Action, Env, StepResult
+from arlctl.inference.base import Generation, Policy, SamplingParams
+from arlctl.inference.chat import ChatCodec
+from arlctl.schemas.rows import TrajectoryRow, Turn
+from arlctl.tools import parse_tool_calls
+
+
+@dataclass
+class RolloutConfig:
+    env: str = "math"
+    group_size: int = 4
+    concurrency: int = 64
+    max_turns: int = 6
+    max_tokens: int = 2048  # response tokens (generated + environment) per trajectory
+    max_new_tokens: int = 256  # per turn
+    max_context: int = 8192  # prompt + response, never exceeded
+    step_timeout: float = 30.0
+    trajectory_timeout: float = 600.0
+    max_obs_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    retries: int = 3
+    retry_backoff: float = 0.5
+    tool_format: str = "hermes"
+
+    def sampling(self, max_new_tokens: int, seed: int | None) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens,
+                              seed=seed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Stats:
+    """Live counters for the progress display and the summary."""
+
+    groups_done: int = 0
+    trajectories_done: int = 0
+    in_flight: int = 0
+    generated_tokens: int = 0
+    env_calls: int = 0
+    env_time_s: float = 0.0
+    errors: int = 0
+    last_error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / max(time.monotonic() - self.started, 1e-9)
+
+    def mean_env_latency_s(self) -> float:
+        return self.env_time_s / max(self.env_calls, 1)
+
+
+class _Trajectory:
+    """The growing state of one trajectory; whatever it holds becomes a row, even when aborted."""
+
+    def __init__(self, task: dict[str, Any], group_id: str, sample_index: int, env_name: str, policy: Policy):
+        self.task = task
+        self.row = TrajectoryRow(
+            group_id=group_id, sample_index=sample_index, task_id=str(task.get("task_id", "")),
+            env=env_name, env_version="", task=task, policy=policy.name, prompt_text="", prompt_ids=[],
+            policy_version=policy.version, policy_version_last=policy.version, started_at=datetime.now(UTC),
+        )
+        self.t0 = time.monotonic()
+
+    def add_generation(self, gen: Generation, text: str, calls: list[dict[str, Any]], latency: float) -> Turn:
+        row = self.row
+        turn = Turn(index=len(row.turns), gen_start=len(row.response_ids), gen_len=len(gen.ids), obs_len=0,
+                    text=text, tool_calls=calls, policy_version=gen.version, gen_latency_s=latency)
+        row.response_ids.extend(gen.ids)
+        row.response_mask.extend([1] * len(gen.ids))
+        row.response_logprobs.extend(float(lp) for lp in gen.logprobs)
+        row.turns.append(turn)
+        row.gen_time_s += latency
+        row.policy_version_last = gen.version
+        return turn
+
+    def add_observation(self, turn: Turn, ids: list[int], observation: str) -> None:
+        self.row.response_ids.extend(ids)
+        self.row.response_mask.extend([0] * len(ids))
+        self.row.response_logprobs.extend([0.0] * len(ids))
+        turn.obs_len = len(ids)
+        turn.observation = observation
+
+    def finish(self, status: str, finish_reason: str) -> TrajectoryRow:
+        row = self.row
+        row.status, row.finish_reason = status, finish_reason
+        row.finished_at = datetime.now(UTC)
+        row.wall_time_s = time.monotonic() - self.t0
+        return row
+
+
+def _seed_for(base: int | None, *parts: Any) -> int | None:
+    if base is None:
+        return None
+    digest = hashlib.sha256(json.dumps([base, *parts], default=str).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _truncate_observation(codec: ChatCodec, content: str, max_tokens: int) -> str:
+    ids = codec.encode(content)
+    if len(ids) <= max_tokens:
+        return content
+    kept = codec.decode(ids[:max_tokens])
+    return f"{kept}\n...[observation truncated: {len(ids) - max_tokens} more tokens]"
+
+
+def parse_action(env: Env, text: str, tools: list[dict[str, Any]], tool_format: str) -> Action:
+    parser = getattr(env, "parse_action", None)
+    if parser is not None:
+        return parser(text)
+    calls, errors = parse_tool_calls(text, tool_format, tools)
+    return Action(text=text, tool_calls=calls, parse_errors=errors)
+
+
+async def _generate(policy: Policy, ids: list[int], sampling: SamplingParams, cfg: RolloutConfig,
+                    traj: _Trajectory) -> Generation:
+    """Generate with retries and exponential backoff; the last failure propagates."""
+    for attempt in range(cfg.retries + 1):
+        try:
+            return await policy.generate(ids, sampling)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if attempt == cfg.retries:
+                raise
+            traj.row.retries += 1
+            await asyncio.sleep(cfg.retry_backoff * (2**attempt))
+    raise AssertionError("unreachable")
+
+
+async def _step(env: Env, action: Action, cfg: RolloutConfig) -> tuple[StepResult, str | None]:
+    """Step the env under the step timeout; exceptions and timeouts become error observations."""
+    names = [c.name for c in action.tool_calls] or ["environment"]
+    try:
+        return await asyncio.wait_for(env.step(action), cfg.step_timeout), None
+    except TimeoutError:
+        message = f"error: timeout: the tool did not finish within {cfg.step_timeout:g}s"
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        message = f"error: {type(err).__name__}: {err}"
+    observations = [{"role": "tool", "name": n, "content": message} for n in names]
+    return StepResult(observations=observations, done=False, error=message), message
+
+
+async def run_trajectory(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, cfg: RolloutConfig,
+                         stats: Stats, turn_hook: Callable[[], Awaitable[None]] | None = None) -> TrajectoryRow:
+    """One episode, start to finish. Bounded by cfg; every fault ends up recorded in the row."""
+    row = traj.row
+    row.env_version = getattr(env, "version", "")
+    try:
+        # Reset may wait for a free sandbox, so it gets the trajectory's budget, not a step's.
+        reset = await asyncio.wait_for(env.reset(traj.task), cfg.trajectory_timeout)
+    except Exception as err:  # includes the reset timing out
+        row.env_errors += 1
+        stats.errors += 1
+        stats.last_error = f"reset failed: {type(err).__name__}: {err}"
+        return traj.finish("env_error", "error")
+    prompt = codec.prompt(reset.messages, reset.tools)
+    row.prompt_text, row.prompt_ids = prompt.text, prompt.ids
+    deadline = traj.t0 + cfg.trajectory_timeout
+    try:
+        async with asyncio.timeout_at(asyncio.get_running_loop().time() + (deadline - time.monotonic())):
+            return await _turns(traj, policy, env, codec, cfg, stats, reset.tools, turn_hook)
+    except TimeoutError:
+        stats.errors += 1
+        return traj.finish("timeout", "timeout")
+
+
+async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, cfg: RolloutConfig,
+                 stats: Stats, tools: list[dict[str, Any]],
+                 turn_hook: Callable[[], Awaitable[None]] | None) -> TrajectoryRow:
+    row = traj.row
+    for turn_index in range(cfg.max_turns):
+        # 1. Budget: never exceed the response budget or the model's context.
+        context = len(row.prompt_ids) + len(row.response_ids)
+        budget = min(cfg.max_new_tokens, cfg.max_tokens - len(row.response_ids), cfg.max_context - context)
+        if budget <= 0:
+            return traj.finish("truncated", "max_tokens")
+        if turn_hook is not None:
+            await turn_hook()  # weight reloads happen only here, at a turn boundary
+        # 2. Generate from the exact ids so far.
+        t_gen = time.monotonic()
+        try:
+            gen = await _generate(policy, row.prompt_ids + row.response_ids,
+                                  cfg.sampling(budget, _seed_for(cfg.seed, row.task_id, row.sample_index, turn_index)),
+                                  cfg, traj)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            stats.errors += 1
+            if row.turns:
+                row.turns[-1].error = row.turns[-1].error or f"policy error: {type(err).__name__}: {err}"
+            return traj.finish("policy_error", "error")
+        text, glue = codec.split_generation(gen.ids)
+        action = parse_action(env, text, tools, cfg.tool_format)
+        calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in action.tool_calls]
+        turn = traj.add_generation(gen, text, calls, time.monotonic() - t_gen)
+        stats.generated_tokens += len(gen.ids)
+        row.num_tool_calls += len(action.tool_calls)
+        cut = gen.finish_reason == "length" and len(row.response_ids) >= cfg.max_tokens
+        # 3. Step the environment (the slow part; other trajectories generate meanwhile).
+        t_env = time.monotonic()
+        result, error = await _step(env, action, cfg)
+        turn.env_latency_s = time.monotonic() - t_env
+        row.env_time_s += turn.env_latency_s
+        stats.env_calls += 1
+        stats.env_time_s += turn.env_latency_s
+        turn.reward_step = result.reward_step
+        turn.error = error or result.error
+        if turn.error:
+            row.env_errors += 1
+            stats.errors += 1
+        if result.done:
+            row.final_state = result.final_state
+            return traj.finish("ok", result.finish_reason or "stop")
+        if cut:
+            return traj.finish("truncated", "max_tokens")
+        if turn_index == cfg.max_turns - 1:
+            break  # the last allowed turn: no observation segment the policy would never read
+        # 4. Append the observation segment (mask 0): closing glue + observations + next header.
+        observations = [{**m, "content": _truncate_observation(codec, str(m.get("content", "")), cfg.max_obs_tokens)}
+                        for m in result.observations]
+        segment = codec.continuation(glue, observations)
+        traj.add_observation(turn, segment.ids, "\n".join(str(m["content"]) for m in observations))
+    return traj.finish("ok", "max_turns")
+
+
+# --------------------------------------------------------------------------------------------- the driver
+
+GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
+
+
+async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[[], Env], codec: ChatCodec,
+                    cfg: RolloutConfig, stats: Stats, slots: asyncio.Semaphore,
+                    turn_hook: Callable[[], Awaitable[None]] | None = None) -> list[TrajectoryRow]:
+    """The G samples of one task; a group is always returned whole (aborted members included)."""
+    group_id = str(uuid.uuid4())
+    trajs = [_Trajectory(task, group_id, i, cfg.env, policy) for i in range(cfg.group_size)]
+
+    async def one(traj: _Trajectory) -> TrajectoryRow:
+        async with slots:
+            stats.in_flight += 1
+            env = env_factory()
+            try:
+                row = await run_trajectory(traj, policy, env, codec, cfg, stats, turn_hook)
+                if row.final_state is None and row.turns and hasattr(env, "final_state"):
+                    # Ended by a bound, not by the agent: grade what it left behind (the swe diff).
+                    try:
+                        row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)
+                    except Exception as err:
+                        stats.last_error = f"final_state failed: {type(err).__name__}: {err}"
+                return row
+            finally:
+                stats.in_flight -= 1
+                stats.trajectories_done += 1
+                try:
+                    await asyncio.shield(env.close())
+                except Exception:
+                    pass
+
+    tasks = [asyncio.ensure_future(one(t)) for t in trajs]
+    try:
+        rows = await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        rows = [t.result() if t.done() and not t.cancelled() and t.exception() is None
+                else trajs[i].finish("aborted", "error") for i, t in enumerate(tasks)]
+        stats.groups_done += 1
+        raise GroupAborted(rows) from None
+    stats.groups_done += 1
+    return list(rows)
+
+
+class GroupAborted(Exception):
+    """Raised out of a cancelled group, carrying its rows (finished ones as they were, others aborted)."""
+
+    def __init__(self, rows: list[TrajectoryRow]):
+        super().__init__("group aborted")
+        self.rows = rows
+
+
+async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: Callable[[], Env],
+                  cfg: RolloutConfig, sink: GroupSink, stats: Stats | None = None,
+                  stop: asyncio.Event | None = None,
+                  turn_hook: Callable[[], Awaitable[None]] | None = None) -> Stats:
+    """Run every task as a group of cfg.group_size trajectories, handing each finished group to sink.
+
+    At most cfg.concurrency trajectories are in flight. When `stop` is set, no new group starts and the
+    groups in flight are aborted; their rows still reach the sink (status aborted), so nothing completed
+    is lost.
+    """
+    stats = stats or Stats()
+    stop = stop or asyncio.Event()
+    codec = ChatCodec(policy.tokenizer)
+    slots = asyncio.Semaphore(cfg.concurrency)
+    # Keep enough groups started that every trajectory slot stays busy, but not the whole task list.
+    group_slots = asyncio.Semaphore(max(1, -(-cfg.concurrency // cfg.group_size) + 1))
+    running: set[asyncio.Task] = set()  # the group runners; cancelled on stop
+    sinking: set[asyncio.Task] = set()  # runner + sink per group; never cancelled, so nothing is lost
+
+    async def one_group(task: dict[str, Any]) -> None:
+        runner = asyncio.ensure_future(run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook))
+        running.add(runner)
+        try:
+            rows = await asyncio.shield(runner)
+        except GroupAborted as aborted:
+            rows = aborted.rows
+        finally:
+            running.discard(runner)
+            group_slots.release()
+        await sink(rows)
+
+    for task in tasks:
+        acquire = asyncio.ensure_future(group_slots.acquire())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if stop.is_set():
+            if acquire.done() and not acquire.cancelled():
+                group_slots.release()
+            acquire.cancel()
+            break
+        t = asyncio.ensure_future(one_group(task))
+        sinking.add(t)
+        t.add_done_callback(sinking.discard)
+    await _drain(running, sinking, stop)
+    return stats
+
+
+async def _drain(running: set[asyncio.Task], sinking: set[asyncio.Task], stop: asyncio.Event) -> None:
+    """Wait for the groups in flight; if `stop` fires meanwhile, abort them (their rows still flush)."""
+    while sinking:
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait(set(sinking) | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if stop.is_set():
+            break
+    # Cancelling a runner delivers CancelledError into run_group's gather, which turns it into
+    # GroupAborted with the partial rows; one_group then still hands those rows to the sink.
+    for runner in list(running):
+        runner.cancel()
+    await asyncio.gather(*list(sinking), return_exceptions=True)

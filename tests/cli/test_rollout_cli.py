@@ -1,0 +1,79 @@
+"""`arlctl rollout` and `arlctl reward` as a user runs them: real processes, the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.compute as pc
+
+from arlctl.io.shards import list_shards, read_shard
+
+ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
+
+
+def arlctl(*args, **kw):
+    return subprocess.run([*ARLCTL, *args], capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_rollout_then_reward_then_inspect(tmp_path):
+    run = str(tmp_path / "run")
+    result = arlctl("rollout", "--env", "math", "--tasks", "builtin:math?n=4&seed=0", "--policy", "tiny",
+                    "--run", run, "-G", "2", "--max-turns", "2", "--max-new-tokens", "12", "--seed", "0",
+                    "--flush-groups", "2", "--json", "-q")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["trajectories"] == 8 and summary["groups"] == 4 and summary["shards_written"] == 2
+    shards = list_shards(f"{run}/rollouts")
+    assert len(shards) == 2
+    for shard in shards:
+        table = read_shard(shard)
+        counts = pc.value_counts(table.column("group_id")).to_pylist()
+        assert all(c["counts"] == 2 for c in counts)  # a group is never split across shards
+
+    result = arlctl("reward", "--run", run, "--reward", "math", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == 8
+    result = arlctl("reward", "--run", run, "--reward", "math", "--json")
+    assert json.loads(result.stdout)["skipped_consumed"] == 2
+
+    result = arlctl("inspect", f"{run}/rewarded", "--json")
+    stats = json.loads(result.stdout)
+    assert stats["rows"] == 8 and stats["reward"]["n"] == 8
+
+
+def test_rollout_dry_run_writes_nothing(tmp_path):
+    result = arlctl("rollout", "--env", "math", "--tasks", "builtin:math?n=2", "--policy", "tiny",
+                    "--out", str(tmp_path / "out"), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "calculator" in result.stderr and "first prompt" in result.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_ctrl_c_flushes_completed_and_aborts_in_flight(tmp_path):
+    out = str(tmp_path / "out")
+    proc = subprocess.Popen([*ARLCTL, "rollout", "--env", "math", "--tasks", "builtin:math?n=400&seed=1",
+                             "--policy", "tiny", "--out", out, "-G", "2", "-c", "8", "--max-turns", "4",
+                             "--max-new-tokens", "16", "--flush-groups", "1", "--json", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list_shards(out):
+        time.sleep(0.2)
+    assert list_shards(out), "no shard was written before the interrupt"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["interrupted"] is True and summary["groups"] < 400
+    rows = [r for s in list_shards(out) for r in read_shard(s).select(["group_id", "status"]).to_pylist()]
+    assert len(rows) == summary["rows_written"] == 2 * summary["groups"]
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["group_id"], []).append(r["status"])
+    assert all(len(v) == 2 for v in groups.values())
+    assert any("aborted" in v for v in groups.values())
+    assert not [f for f in os.listdir(out) if f.startswith(".")]  # no temp file left behind
