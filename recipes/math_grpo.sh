@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The synchronous GRPO loop over one run directory: rollout -> reward -> filter -> train -> sync, K times.
+#
+#   RUN=runs/math ITERS=10 recipes/math_grpo.sh
+#
+# Restartable at any point: every stage skips what its output directory says is done. Rollouts of
+# iteration i are one shard named it<i>-*.parquet, written atomically at the end of the rollout, so an
+# iteration whose shard exists is not rolled out again; reward, filter, train and sync resume through
+# lineage and checkpoints. Every knob is an environment variable (defaults below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ARLCTL=${ARLCTL:-.venv/bin/arlctl}
+RUN=${RUN:-runs/math-grpo}
+ITERS=${ITERS:-10}
+ENV_NAME=${ENV_NAME:-math}
+BASE_POLICY=${BASE_POLICY:-default}          # the embedded SmolLM2-135M-Instruct
+TASKS_PER_ITER=${TASKS_PER_ITER:-32}
+DIFFICULTY=${DIFFICULTY:-1}
+G=${G:-8}
+CONCURRENCY=${CONCURRENCY:-64}
+MAX_TURNS=${MAX_TURNS:-3}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-96}
+TEMPERATURE=${TEMPERATURE:-1.0}
+ENV_OPTS=${ENV_OPTS:-on_no_action=end}
+REWARD_OPTS=${REWARD_OPTS:-fallback=last_number format_weight=0.5}
+BATCH_GROUPS=${BATCH_GROUPS:-8}
+LR=${LR:-2e-6}
+TRAIN_OPTS=${TRAIN_OPTS:-}
+SEED0=${SEED0:-100}                           # training tasks of iteration i use seed SEED0 + i
+
+env_args=(); for kv in $ENV_OPTS; do env_args+=(--env-opt "$kv"); done
+reward_args=(); for kv in $REWARD_OPTS; do reward_args+=(--reward-opt "$kv"); done
+
+policy_for_rollout() {
+  if [[ -f "$RUN/policy/LATEST" ]]; then echo "$RUN/policy"; else echo "$BASE_POLICY"; fi
+}
+
+for ((i = 0; i < ITERS; i++)); do
+  tag=$(printf "it%04d" "$i")
+  echo "== iteration $i ($tag) policy $(policy_for_rollout)" >&2
+  if ! compgen -G "$RUN/rollouts/$tag-*.parquet" >/dev/null; then
+    "$ARLCTL" rollout --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY" \
+      --policy "$(policy_for_rollout)" --run "$RUN" -G "$G" -c "$CONCURRENCY" --max-turns "$MAX_TURNS" \
+      --max-new-tokens "$MAX_NEW_TOKENS" --temperature "$TEMPERATURE" --seed "$i" \
+      --prefix "$tag" --flush-groups 1000000 --flush-seconds 1e9 "${env_args[@]}" -q
+  fi
+  "$ARLCTL" reward --run "$RUN" --reward "$ENV_NAME" "${reward_args[@]}"
+  "$ARLCTL" filter --run "$RUN" --batch-groups "$BATCH_GROUPS" --policy-dir "$RUN/policy"
+  "$ARLCTL" train --run "$RUN" --policy "$BASE_POLICY" --lr "$LR" --temperature "$TEMPERATURE" $TRAIN_OPTS
+  "$ARLCTL" sync --run "$RUN"
+done
+
+"$ARLCTL" query "select regexp_extract(filename, '(it[0-9]+)', 1) as iteration, count(*) as trajectories,
+                 round(avg(reward), 3) as mean_reward,
+                 round(avg(reward_components['correct']), 3) as correct,
+                 round(avg(case when num_tool_calls > 0 then 1 else 0 end), 3) as tool_call_rate
+                 from trajectories group by 1 order by 1" "$RUN/rewarded"
