@@ -1,0 +1,55 @@
+"""`arlctl sync`: publish the newest checkpoint as policy/vN and point LATEST at it (over stages/sync.py)."""
+
+from __future__ import annotations
+
+import typer
+
+from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.errors import UsageError
+from arlctl.io.fs import join
+
+HELP = """Publish the newest complete checkpoint as POLICYDIR/vNNNNNN (HF files + version.json with the
+sha256 of the weights), atomically replace POLICYDIR/LATEST, keep the newest --keep versions.
+Idempotent: re-running with nothing new does nothing.
+
+  arlctl sync --run RUN
+
+  arlctl sync --ckpt RUN/checkpoints --policy-dir RUN/policy --keep 5
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sync", help=HELP)
+    @handle_errors
+    def sync_cmd(
+        ckpt: str = typer.Option(None, "--ckpt", help="Checkpoint directory (default RUN/checkpoints)."),
+        policy_dir: str = typer.Option(None, "--policy-dir", help="Policy directory (default RUN/policy)."),
+        run: str = typer.Option(None, "--run", help="Run directory that fills the defaults."),
+        keep: int = typer.Option(3, "--keep", help="Versions to keep."),
+        notify: list[str] = typer.Option([], "--notify", help="Inference server to tell to reload (not yet)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing."),
+        as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
+    ) -> None:
+        from arlctl.stages.sync import sync  # torch comes with it: import late so `arlctl --help` stays fast
+
+        if notify:
+            raise UsageError("--notify is not supported yet", hint="inference servers can poll POLICYDIR/LATEST")
+        if run is None and (ckpt is None or policy_dir is None):
+            raise UsageError("give --ckpt and --policy-dir, or --run RUN")
+        ckpt = ckpt or join(run, "checkpoints")
+        policy_dir = policy_dir or join(run, "policy")
+        summary = sync(ckpt, policy_dir, keep=keep, dry_run=dry_run)
+        name = f"v{summary['version']:06d}"
+        if dry_run:
+            verb = "would publish" if summary["would_publish"] else "already published"
+            console.print(f"dry run: {verb} {name} from {summary['source_checkpoint']}")
+        elif summary["stale"]:
+            console.print(f"nothing to do: {name} is older than LATEST ({summary['previous']}); LATEST unchanged")
+        elif summary["published"] or summary["latest_updated"]:
+            console.print(f"published [bold]{name}[/] -> {summary['path']} (LATEST updated: {summary['latest_updated']})")
+        else:
+            console.print(f"nothing to do: {name} is already published")
+        for removed in summary["removed"]:
+            console.print(f"removed old version {removed}")
+        if as_json:
+            print_json(summary)

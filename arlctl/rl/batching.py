@@ -1,0 +1,115 @@
+"""Turning a batch shard into padded micro-batches, and scoring response tokens with a causal LM.
+
+Micro-batches hold whole rows under a token budget (rows x longest row <= micro_tokens), rows sorted by
+length so that rows of similar length share a micro-batch and padding stays small.
+
+Scoring runs the decoder once over prompt_ids + response_ids and applies the LM head only at positions
+whose next token is a trained (mask-1) token: in agentic rows most response tokens are environment
+output, and the [tokens x vocab] head and softmax dominate a small model's cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from arlctl.rl.losses import entropy_from_logits, token_logprobs
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded with 0
+    attention_mask: torch.Tensor  # [B, L] 1 on real tokens
+    loss_mask: torch.Tensor  # [B, L-1] True where the token at position t+1 is a trained response token
+    behaviour_logp: torch.Tensor  # [B, L-1] recorded log-prob of token t+1 (0 off the mask)
+    advantages: torch.Tensor  # [B]
+    weights: torch.Tensor  # [B]
+    rows: list[int]  # indices into the batch shard
+    real_tokens: int  # non-padding tokens
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        tensors = ("input_ids", "attention_mask", "loss_mask", "behaviour_logp", "advantages", "weights")
+        for name in tensors:
+            setattr(self, name, getattr(self, name).to(device, non_blocking=True))
+        return self
+
+
+def plan_micro_batches(lengths: list[int], micro_tokens: int) -> list[list[int]]:
+    """Group row indices so each group's rows x longest length <= micro_tokens (a longer row goes alone).
+
+    Rows are taken longest first, so the padded cost of each group is set by its first row.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= micro_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+COLLATE_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "advantage", "weight")
+
+
+def batch_columns(table: pa.Table) -> dict[str, list]:
+    """The columns collate needs, as Python lists: convert once per batch, not once per micro-batch."""
+    return {name: table.column(name).to_pylist() for name in COLLATE_COLUMNS}
+
+
+def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
+    """Build the padded tensors of one micro-batch from rows of a batch shard (or its batch_columns)."""
+    cols = batch_columns(table) if isinstance(table, pa.Table) else table
+    prompts, responses = cols["prompt_ids"], cols["response_ids"]
+    masks, logprobs = cols["response_mask"], cols["response_logprobs"]
+    adv, weight = cols["advantage"], cols["weight"]
+    width = max(len(prompts[i]) + len(responses[i]) for i in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
+    attention = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
+    loss_mask = torch.zeros(len(rows), width, dtype=torch.bool)  # [B, L], shifted below
+    behaviour = torch.zeros(len(rows), width, dtype=torch.float32)  # [B, L]
+    for b, i in enumerate(rows):
+        p, r = len(prompts[i]), len(responses[i])
+        input_ids[b, : p + r] = torch.tensor(prompts[i] + responses[i], dtype=torch.long)
+        attention[b, : p + r] = 1
+        loss_mask[b, p : p + r] = torch.tensor(masks[i], dtype=torch.bool)
+        behaviour[b, p : p + r] = torch.tensor(logprobs[i], dtype=torch.float32)
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask[:, 1:],  # [B, L-1]: logits at t predict token t+1
+        behaviour_logp=behaviour[:, 1:],  # [B, L-1]
+        advantages=torch.tensor([0.0 if a is None else a for a in (adv[i] for i in rows)], dtype=torch.float32),
+        weights=torch.tensor([1.0 if w is None else w for w in (weight[i] for i in rows)], dtype=torch.float32),
+        rows=list(rows),
+        real_tokens=int(attention.sum()),
+    )
+
+
+def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False,
+                 temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and optionally entropies) of the trained tokens, laid out densely as [B, L-1].
+
+    Positions off the mask hold 0. Only the selected hidden states go through the LM head; `temperature`
+    must be the sampling temperature the behaviour log-probs were recorded at. Models whose head does more
+    than a linear map (logit soft-capping) are not supported by this shortcut.
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state  # [B, L, H]
+    selected = hidden[:, :-1][mb.loss_mask]  # [N, H]
+    labels = mb.input_ids[:, 1:][mb.loss_mask]  # [N]
+    logits = model.get_output_embeddings()(selected)  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_flat = token_logprobs(logits, labels)  # [N]
+    logp = torch.zeros(mb.loss_mask.shape, dtype=logp_flat.dtype, device=logp_flat.device)  # [B, L-1]
+    logp = logp.masked_scatter(mb.loss_mask, logp_flat)  # [B, L-1]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            ent_flat = entropy_from_logits(logits.detach())  # [N]
+        entropy = torch.zeros_like(logp).masked_scatter(mb.loss_mask, ent_flat)  # [B, L-1]
+    return logp, entropy

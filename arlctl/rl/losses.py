@@ -1,0 +1,190 @@
+"""The policy-gradient loss as small pure tensor functions (DESIGN.md §9), in the manner of verl's core_algos.
+
+Shapes: B rows (trajectories) by T response positions. `mask` is 1 on tokens the policy sampled and 0 on
+environment / template / padding tokens; nothing outside the mask contributes to a loss or a metric.
+
+Pieces, composed by `policy_loss`:
+  token_logprobs          log pi(token) from logits, gathered without materialising a full log_softmax copy
+  entropy_from_logits     per-position entropy of the categorical distribution
+  ppo_clip_loss           -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)
+  truncated_is_weights    min(exp(proximal_logp - behaviour_logp), cap): rollout/trainer mismatch correction
+  kl_k3                   k3 estimator of KL(pi || pi_ref) = exp(ref - logp) - (ref - logp) - 1
+  aggregate_loss          token-mean | seq-mean-token-sum | seq-mean-token-mean, every denominator clamped
+
+Gradient accumulation is exact: `aggregate_loss` takes the denominators of the whole optimizer batch
+(`num_tokens`, `num_seqs`) so that summing the micro-batch losses gives the full-batch loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each label under the logits. logits [B, T, V], labels [B, T] -> [B, T] float32."""
+    logits = logits.float()
+    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return picked - torch.logsumexp(logits, dim=-1)  # [B, T]
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy H = logsumexp(z) - sum softmax(z) z per position. logits [B, T, V] -> [B, T] float32."""
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)  # [B, T, V]
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)  # [B, T]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of values over mask-1 positions; 0 when the mask is empty."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip loss and ratio. logp, old_logp [B, T]; advantages [B] or [B, T].
+
+    loss = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with r = exp(logp - old_logp).
+    Asymmetric bounds (eps_high > eps_low, "clip-higher" from DAPO) let rare good tokens grow faster.
+    Returns (loss [B, T], ratio [B, T]).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # [B, 1], broadcast over tokens
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    unclipped = ratio * advantages  # [B, T]
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages  # [B, T]
+    return -torch.min(unclipped, clipped), ratio
+
+
+def truncated_is_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights min(pi_trainer / pi_rollout, cap), detached. [B, T] -> [B, T].
+
+    Corrects for numeric mismatch between the inference engine that sampled (behaviour) and the
+    trainer's own forward pass of the same weights (proximal); the cap bounds the variance.
+    """
+    return torch.exp(proximal_logp.detach() - behaviour_logp).clamp(max=cap)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_ref) per token: exp(d) - d - 1 with d = ref_logp - logp. Always >= 0."""
+    delta = ref_logp - logp  # [B, T]
+    return torch.exp(delta) - delta - 1.0
+
+
+def aggregate_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reduce a [B, T] per-token loss to a scalar over mask-1 tokens.
+
+    token-mean:           sum(l * m) / N_tokens                  every token counts the same
+    seq-mean-token-sum:   sum_b(sum_t l * m) / N_seqs            long sequences weigh more (Dr. GRPO-like)
+    seq-mean-token-mean:  sum_b(sum_t l * m / T_b) / N_seqs       every sequence counts the same (GRPO paper)
+
+    N_tokens / N_seqs default to this tensor's own counts; pass the whole optimizer batch's counts when
+    accumulating micro-batches. Every denominator is clamped to >= 1. An unknown mode raises ValueError.
+    """
+    mask = mask.to(per_token.dtype)
+    masked = per_token * mask  # [B, T]
+    if mode == "token-mean":
+        denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=per_token.dtype)
+        return masked.sum() / denom.clamp(min=1)
+    seqs = torch.as_tensor(per_token.shape[0] if num_seqs is None else num_seqs, dtype=per_token.dtype)
+    if mode == "seq-mean-token-sum":
+        return masked.sum() / seqs.clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [B]
+        return per_seq.sum() / seqs.clamp(min=1)
+    raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
+
+
+@dataclass
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    tis_cap: float | None = None  # None: no truncated IS; ratio is taken against the behaviour log-probs
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    weights: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The full GRPO/PPO objective for one (micro-)batch. Returns (scalar loss, metric sums).
+
+    logp [B, T] current policy (with grad); behaviour_logp [B, T] recorded at rollout; advantages [B];
+    mask [B, T]; weights [B] per-row (staleness x balance); ref_logp [B, T] frozen reference or None.
+
+    Without `tis_cap` the PPO ratio is pi_theta / pi_behaviour. With it, the objective is decoupled
+    (as verl's TIS and TRL's vLLM importance-sampling correction): the PPO ratio is taken against the
+    trainer's own detached log-probs (pi_old; equal to pi_theta at the one optimizer step per batch)
+    and each token is weighted by min(pi_old / pi_behaviour, cap).
+
+    Metrics are returned as *sums over mask-1 tokens* (plus `tokens`) so micro-batches can be added up
+    and divided once; see `finalize_metrics`.
+    """
+    mask_f = mask.to(logp.dtype)  # [B, T]
+    old_logp = behaviour_logp if cfg.tis_cap is None else logp.detach()  # [B, T]
+    per_token, ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_low, cfg.eps_high)  # [B, T] x2
+    if cfg.tis_cap is not None:
+        per_token = per_token * truncated_is_weights(logp, behaviour_logp, cfg.tis_cap)  # [B, T]
+    kl = torch.zeros_like(logp) if ref_logp is None else kl_k3(logp, ref_logp)  # [B, T]
+    if cfg.kl_coef:
+        per_token = per_token + cfg.kl_coef * kl  # [B, T]
+    if weights is not None:
+        per_token = per_token * weights.to(per_token.dtype).unsqueeze(-1)  # [B, T]
+    loss = aggregate_loss(per_token, mask, cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    return loss, _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg)
+
+
+def _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg: LossConfig) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+        # A token is "clipped" when the clipped branch is the active (gradient-free) one.
+        clip_low = ((ratio < 1.0 - cfg.eps_low) & (adv < 0)).to(mask_f.dtype)  # [B, T]
+        clip_high = ((ratio > 1.0 + cfg.eps_high) & (adv > 0)).to(mask_f.dtype)  # [B, T]
+        log_ratio = (logp - behaviour_logp).detach()  # [B, T]
+        approx_kl = torch.exp(log_ratio) - 1.0 - log_ratio  # [B, T] k3 of KL(pi_behaviour || pi_theta)
+        on = mask_f > 0
+        behaviour_ratio = torch.exp(log_ratio)
+        return {
+            "tokens": mask_f.sum(),
+            "clip_frac_low": (clip_low * mask_f).sum(),
+            "clip_frac_high": (clip_high * mask_f).sum(),
+            "approx_kl": (approx_kl * mask_f).sum(),
+            "ref_kl": (kl.detach() * mask_f).sum(),
+            "ratio_mean": (behaviour_ratio * mask_f).sum(),
+            "ratio_max": behaviour_ratio[on].max() if on.any() else torch.tensor(1.0),
+            "ratio_min": behaviour_ratio[on].min() if on.any() else torch.tensor(1.0),
+        }
+
+
+def finalize_metrics(sums: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Combine per-micro-batch metric sums into per-token means (max/min for the ratio extremes)."""
+    tokens = max(sum(float(s["tokens"]) for s in sums), 1.0)
+    out: dict[str, float] = {"tokens": tokens}
+    for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean"):
+        out[key] = sum(float(s[key]) for s in sums) / tokens
+    out["ratio_max"] = max((float(s["ratio_max"]) for s in sums), default=1.0)
+    out["ratio_min"] = min((float(s["ratio_min"]) for s in sums), default=1.0)
+    return out

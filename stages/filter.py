@@ -1,0 +1,449 @@
+"""The filter stage: rewarded trajectories -> batch shards, one optimizer step each (DESIGN.md §5, §9, §10).
+
+Rules run in this order; each reports how many rows it dropped, and every dropped trajectory id is
+recorded with its rule name so an audit can account for every trajectory:
+
+  1. completeness     status not in --keep-status (default: ok), or no reward yet
+  2. group_integrity  groups whose sample indices are not 0..n-1 in the input, or with fewer than
+                      --min-group-size rows left after completeness (no baseline): whole groups only
+  3. zero_variance    groups whose rewards are all equal (no learning signal); a seeded --keep-uniform
+                      fraction of them is kept
+  4. duplicate        a repeated trajectory_id, or an action sequence whose tool-call n-gram Jaccard
+                      similarity to an earlier row of its group is >= --dedupe-threshold
+  5. staleness        lag = current policy version - row policy_version > --max-lag; kept rows get
+                      weight exp(-decay * lag)
+  6. where            rows for which the DuckDB predicate --where is not true
+  7. balance          per batch, rows with advantage > 0 are down-weighted so that their share of the
+                      total weight is at most --max-pos-frac (nothing is dropped; the count is rows touched)
+
+A row-level rule (4-6) that leaves a group with fewer than --min-group-size rows drops the rest of that
+group too, counted under the same rule: groups stay whole.
+
+Survivors are packed, whole groups in input order, into batches of --batch-groups groups with their
+advantages (--adv) and weights filled in. The last batch of an invocation may be smaller; --min-groups
+makes filter wait (consume nothing) until at least that many groups survive.
+
+Exactly-once: a batch's lineage lists the input shards of its invocation and carries an invocation id
+and the number of parts. Inputs named in any batch's lineage are consumed. If a crash left an
+invocation with fewer parts than it announced, the next run recomputes it from the recorded
+configuration and writes only the groups that are not yet in a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from arlctl.errors import CorruptShardError, UsageError
+from arlctl.io.fs import basename, get_fs, is_local, join
+from arlctl.io.shards import (
+    Lineage,
+    config_hash,
+    quarantine,
+    read_lineage,
+    read_shard,
+    scan,
+    shard_name,
+    write_shard,
+    write_table_atomic,
+)
+from arlctl.rl.advantages import ADVANTAGE_MODES, compute_advantages, group_ids_to_index
+
+RULES = ("completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
+DEFAULT_KEEP_STATUS = ("ok",)
+
+
+@dataclass
+class FilterConfig:
+    keep_status: list[str] = field(default_factory=lambda: list(DEFAULT_KEEP_STATUS))
+    min_group_size: int = 2
+    keep_uniform: float = 0.0
+    dedupe_threshold: float | None = None  # None: only exact duplicate ids are dropped
+    dedupe_ngram: int = 3
+    max_lag: int | None = None
+    decay: float = 0.0
+    where: str | None = None
+    max_pos_frac: float | None = None
+    adv: str = "group"
+    batch_groups: int = 8
+    min_groups: int = 1
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.adv not in ADVANTAGE_MODES:
+            raise UsageError(f"--adv must be one of {', '.join(ADVANTAGE_MODES)}, not {self.adv!r}")
+        if self.batch_groups < 1 or self.min_groups < 1 or self.min_group_size < 1:
+            raise UsageError("--batch-groups, --min-groups and --min-group-size must be >= 1")
+        if not 0.0 <= self.keep_uniform <= 1.0:
+            raise UsageError("--keep-uniform is a fraction in [0, 1]")
+        if self.max_pos_frac is not None and not 0.0 < self.max_pos_frac < 1.0:
+            raise UsageError("--max-pos-frac is a fraction in (0, 1)")
+        if self.dedupe_threshold is not None and not 0.0 < self.dedupe_threshold <= 1.0:
+            raise UsageError("--dedupe-threshold is a Jaccard similarity in (0, 1]")
+
+
+@dataclass
+class RuleResult:
+    keep: np.ndarray  # [N] bool over the input rows
+    weight: np.ndarray  # [N] float staleness weight
+    drops: list[tuple[int, str]]  # (row index, rule)
+    counts: dict[str, int]
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+
+def _group_rows(group_ids: list[str], rows: np.ndarray) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i in rows:
+        groups.setdefault(group_ids[i], []).append(int(i))
+    return groups
+
+
+def _stable_fraction(text: str, seed: int) -> float:
+    """A deterministic pseudo-random number in [0, 1) per id: reruns make the same choices."""
+    return zlib.crc32(f"{seed}:{text}".encode()) / 2**32
+
+
+def _action_ngrams(turns: list[dict[str, Any]], n: int) -> set[tuple[str, ...]]:
+    actions: list[str] = []
+    for turn in turns:
+        for call in json.loads(turn["tool_calls"] or "[]"):
+            actions.append(json.dumps([call.get("name"), call.get("arguments")], sort_keys=True))
+    k = min(n, len(actions))
+    return {tuple(actions[i : i + k]) for i in range(len(actions) - k + 1)} if k else set()
+
+
+def jaccard(a: set, b: set) -> float:
+    """|a & b| / |a | b|; two empty sets are not similar (0.0): no actions is no evidence of a copy."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> RuleResult:
+    """Run rules 1-6 over a table; return the keep mask, staleness weights and attributed drops."""
+    n = table.num_rows
+    ids = table.column("trajectory_id").to_pylist()
+    groups = table.column("group_id").to_pylist()
+    keep = np.ones(n, dtype=bool)
+    weight = np.ones(n, dtype=np.float64)
+    drops: list[tuple[int, str]] = []
+    counts = dict.fromkeys(RULES, 0)
+
+    def drop(rows: list[int] | np.ndarray, rule: str) -> None:
+        for i in rows:
+            if keep[i]:
+                keep[i] = False
+                drops.append((int(i), rule))
+                counts[rule] += 1
+
+    def drop_small_groups(rule: str) -> None:
+        for rows in _group_rows(groups, np.flatnonzero(keep)).values():
+            if len(rows) < cfg.min_group_size:
+                drop(rows, rule)
+
+    # 1. completeness: only finished, rewarded trajectories are trained on.
+    status = table.column("status").to_pylist()
+    reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null -> nan
+    drop([i for i in range(n) if status[i] not in cfg.keep_status or math.isnan(reward[i])], "completeness")
+
+    # 2. group integrity: the input must hold each group whole, and enough of it must survive.
+    # Exact duplicates (same trajectory_id) are left to rule 4 rather than condemning their group here.
+    sample_index = table.column("sample_index").to_pylist()
+    for rows in _group_rows(groups, np.arange(n)).values():
+        by_id: dict[str, int] = {}
+        for i in rows:
+            by_id.setdefault(ids[i], sample_index[i])
+        if sorted(by_id.values()) != list(range(len(by_id))):
+            drop(rows, "group_integrity")
+    drop_small_groups("group_integrity")
+
+    # 3. zero variance: equal rewards give every sample advantage 0 in the group modes.
+    for gid, rows in _group_rows(groups, np.flatnonzero(keep)).items():
+        if np.ptp(reward[rows]) == 0 and _stable_fraction(gid, cfg.seed) >= cfg.keep_uniform:
+            drop(rows, "zero_variance")
+
+    # 4. duplicates: repeated ids anywhere, then near-identical action sequences within a group.
+    seen: set[str] = set()
+    for i in np.flatnonzero(keep):
+        if ids[i] in seen:
+            drop([i], "duplicate")
+        seen.add(ids[i])
+    if cfg.dedupe_threshold is not None:
+        turns = table.column("turns").to_pylist()
+        for rows in _group_rows(groups, np.flatnonzero(keep)).values():
+            kept: list[set] = []
+            for i in sorted(rows, key=lambda r: sample_index[r]):
+                grams = _action_ngrams(turns[i], cfg.dedupe_ngram)
+                if any(jaccard(grams, other) >= cfg.dedupe_threshold for other in kept):
+                    drop([i], "duplicate")
+                else:
+                    kept.append(grams)
+    drop_small_groups("duplicate")
+
+    # 5. staleness: lag against the current policy; the oldest turn's version decides.
+    lag = np.maximum(current_version - table.column("policy_version").to_numpy().astype(np.int64), 0)  # [N]
+    if cfg.max_lag is not None:
+        drop(np.flatnonzero(keep & (lag > cfg.max_lag)), "staleness")
+    weight = np.exp(-cfg.decay * lag)
+    drop_small_groups("staleness")
+
+    # 6. where: a user predicate over the schema's columns, evaluated by DuckDB.
+    if cfg.where:
+        drop(np.flatnonzero(keep & ~_where_mask(table, cfg.where)), "where")
+        drop_small_groups("where")
+    return RuleResult(keep=keep, weight=weight, drops=drops, counts=counts)
+
+
+def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
+    import duckdb
+
+    rows = table.append_column("__row", pa.array(np.arange(table.num_rows), pa.int64()))
+    con = duckdb.connect()
+    try:
+        con.register("trajectories", rows)
+        hit = con.execute(f"select __row from trajectories where ({predicate})").fetchnumpy()["__row"]
+    except duckdb.Error as err:
+        raise UsageError(f"--where predicate failed: {str(err).splitlines()[0]}",
+                         hint="it is a SQL boolean expression over the trajectory columns, e.g. \"num_turns > 1\"") from None
+    finally:
+        con.close()
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[np.asarray(hit, dtype=np.int64)] = True
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------- batches
+
+
+def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tuple[list[pa.Table], int]:
+    """Pack surviving rows, whole groups in input order, into batches with advantage and weight filled.
+
+    Returns (batch tables, rows touched by the balance rule).
+    """
+    groups = table.column("group_id").to_pylist()
+    order = list(_group_rows(groups, np.arange(table.num_rows)).values())
+    sample_index = table.column("sample_index").to_numpy()
+    batches, balanced = [], 0
+    for start in range(0, len(order), cfg.batch_groups):
+        rows = [i for g in order[start : start + cfg.batch_groups] for i in sorted(g, key=lambda r: sample_index[r])]
+        batch = table.take(pa.array(rows, pa.int64()))
+        rewards = batch.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)
+        adv = compute_advantages(torch.from_numpy(rewards), group_ids_to_index(batch.column("group_id").to_pylist()),
+                                 cfg.adv).numpy()  # [n]
+        w = weight[rows].astype(np.float64)  # [n]
+        balanced += _balance(adv, w, cfg.max_pos_frac)
+        batch = batch.set_column(batch.schema.get_field_index("advantage"), batch.schema.field("advantage"),
+                                 pa.array(adv, pa.float32()))
+        batch = batch.set_column(batch.schema.get_field_index("weight"), batch.schema.field("weight"),
+                                 pa.array(w, pa.float32()))
+        batches.append(batch)
+    return batches, balanced
+
+
+def _balance(adv: np.ndarray, w: np.ndarray, max_pos_frac: float | None) -> int:
+    """Scale positive-advantage weights in place so their share of the weight is <= max_pos_frac."""
+    if max_pos_frac is None:
+        return 0
+    pos = adv > 0
+    w_pos, w_rest = float(w[pos].sum()), float(w[~pos].sum())
+    if w_pos == 0 or w_rest == 0 or w_pos / (w_pos + w_rest) <= max_pos_frac:
+        return 0
+    # Solve s * w_pos / (s * w_pos + w_rest) = f for the scale s.
+    w[pos] *= max_pos_frac * w_rest / ((1.0 - max_pos_frac) * w_pos)
+    return int(pos.sum())
+
+
+# ----------------------------------------------------------------------------------------------- planning
+
+
+@dataclass
+class Plan:
+    """What one invocation will write: computed purely from its inputs, config and policy version."""
+
+    invocation: str
+    inputs: list[str]
+    current_version: int
+    batches: list[pa.Table]
+    audit: pa.Table  # one row per input trajectory: its outcome ("kept" or a rule) and batch part
+    counts: dict[str, int]
+    rows_in: int
+    groups_kept: int
+
+
+def _read_inputs(inputs: list[str], quarantine_bad: bool) -> tuple[list[str], list[pa.Table], list[str]]:
+    """Read input shards; a corrupt one raises, or with quarantine_bad is moved to _quarantine/ and skipped."""
+    good, tables, bad = [], [], []
+    for url in inputs:
+        try:
+            tables.append(read_shard(url))
+            good.append(url)
+        except CorruptShardError:
+            if not quarantine_bad:
+                raise
+            quarantine(url)
+            bad.append(basename(url))
+    return good, tables, bad
+
+
+def plan_invocation(inputs: list[str], cfg: FilterConfig, current_version: int,
+                    tables: list[pa.Table] | None = None) -> Plan:
+    tables = [read_shard(url) for url in inputs] if tables is None else tables
+    table = pa.concat_tables(tables) if tables else None
+    source = [basename(url) for url, t in zip(inputs, tables, strict=True) for _ in range(t.num_rows)]
+    invocation = config_hash({"inputs": sorted(basename(u) for u in inputs), "cfg": asdict(cfg),
+                              "version": current_version})
+    if table is None or table.num_rows == 0:
+        empty = _audit_table([], [], [], [], [], invocation)
+        return Plan(invocation, inputs, current_version, [], empty, dict.fromkeys(RULES, 0), 0, 0)
+    result = apply_rules(table, cfg, current_version)
+    kept_rows = np.flatnonzero(result.keep)
+    batches, balanced = pack_batches(table.take(pa.array(kept_rows, pa.int64())), result.weight[kept_rows], cfg)
+    result.counts["balance"] = balanced
+    outcome: list[str] = ["kept"] * table.num_rows
+    for i, rule in result.drops:
+        outcome[i] = rule
+    part_of: dict[str, int] = {}
+    for part, batch in enumerate(batches):
+        part_of.update(dict.fromkeys(batch.column("trajectory_id").to_pylist(), part))
+    ids = table.column("trajectory_id").to_pylist()
+    audit = _audit_table(ids, table.column("group_id").to_pylist(), source, outcome,
+                         [part_of.get(t) if o == "kept" else None for t, o in zip(ids, outcome, strict=True)],
+                         invocation)
+    groups_kept = len(set(table.take(pa.array(kept_rows, pa.int64())).column("group_id").to_pylist()))
+    return Plan(invocation, inputs, current_version, batches, audit, result.counts, table.num_rows, groups_kept)
+
+
+def _audit_table(ids, groups, source, outcome, part, invocation) -> pa.Table:
+    return pa.table({
+        "trajectory_id": pa.array(ids, pa.string()),
+        "group_id": pa.array(groups, pa.string()),
+        "input_shard": pa.array(source, pa.string()),
+        "rule": pa.array(outcome, pa.string()),  # "kept" or the rule that dropped it
+        "batch_part": pa.array(part, pa.int32()),
+        "invocation": pa.array([invocation] * len(ids), pa.string()),
+    })
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+MANIFEST_DIR = "_filter"  # hidden from shard readers: one JSON per finished invocation
+
+
+def current_policy_version(policy_dir: str | None, ckpt_dir: str | None) -> int:
+    """The trainer's current version: the newer of policy_dir/LATEST and the newest checkpoint step."""
+    version = 0
+    if policy_dir:
+        fs, path = get_fs(join(policy_dir, "LATEST"))
+        if fs.exists(path):
+            name = fs.cat_file(path).decode().strip()
+            if name.startswith("v") and name[1:].isdigit():
+                version = max(version, int(name[1:]))
+    if ckpt_dir:
+        fs, path = get_fs(ckpt_dir)
+        if fs.exists(path):
+            for entry in fs.ls(path, detail=False):
+                name = basename(entry)
+                if name.startswith("step-") and name[5:].isdigit():
+                    version = max(version, int(name[5:]))
+    return version
+
+
+def _read_ledger(out_url: str) -> tuple[set[str], dict[str, dict[str, Any]]]:
+    """Consumed input names, and the invocations that started writing batches but have no manifest."""
+    consumed: set[str] = set()
+    finished: set[str] = set()
+    fs, path = get_fs(join(out_url, MANIFEST_DIR))
+    if fs.exists(path):
+        for entry in fs.ls(path, detail=False):
+            if entry.endswith(".json"):
+                manifest = json.loads(fs.cat_file(entry))
+                consumed.update(manifest["inputs"])
+                finished.add(manifest["invocation"])
+    started: dict[str, dict[str, Any]] = {}
+    for shard in scan(out_url).shards:
+        lineage = read_lineage(shard)
+        if lineage is None or "invocation" not in lineage.extra:
+            continue
+        consumed.update(basename(i) for i in lineage.inputs)
+        inv = lineage.extra["invocation"]
+        if inv not in finished:
+            record = started.setdefault(inv, {**lineage.extra, "inputs": lineage.inputs, "written": {}})
+            record["written"][lineage.extra["part"]] = basename(shard)
+    return consumed, started
+
+
+def _write_json_atomic(url: str, obj: dict[str, Any]) -> None:
+    fs, path = get_fs(url)
+    data = json.dumps(obj, indent=1, sort_keys=True).encode()
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def commit_plan(plan: Plan, out_url: str, metrics_url: str | None, cfg: FilterConfig,
+                written: dict[int, str] | None = None) -> list[str]:
+    """Write the plan's batches (skipping parts already written), then its audit, then its manifest."""
+    written = dict(written or {})
+    names = []
+    for part, batch in enumerate(plan.batches):
+        if part not in written:
+            lineage = Lineage(stage="filter", inputs=list(plan.inputs), config_hash=config_hash(asdict(cfg)),
+                              extra={"invocation": plan.invocation, "part": part, "parts": len(plan.batches),
+                                     "config": asdict(cfg), "current_version": plan.current_version})
+            written[part] = basename(write_shard(batch, join(out_url, shard_name("batch")), lineage))
+        names.append(written[part])
+    if metrics_url:
+        parts = plan.audit.column("batch_part").to_pylist()
+        audit = plan.audit.append_column("batch", pa.array([None if p is None else names[p] for p in parts],
+                                                           pa.string()))
+        write_table_atomic(audit, join(metrics_url, f"filter-{plan.invocation}.parquet"))
+    _write_json_atomic(join(out_url, MANIFEST_DIR, f"{plan.invocation}.json"), {
+        "invocation": plan.invocation, "inputs": [basename(i) for i in plan.inputs], "batches": names,
+        "counts": plan.counts, "current_version": plan.current_version,
+    })
+    return names
+
+
+def run_filter(in_url: str, out_url: str, cfg: FilterConfig, current_version: int,
+               metrics_url: str | None = None, dry_run: bool = False, quarantine_bad: bool = False) -> dict[str, Any]:
+    """One filter invocation over the not-yet-consumed input shards. Returns a summary dict."""
+    cfg.check()
+    consumed, unfinished = _read_ledger(out_url)
+    recovered: list[str] = []
+    if not dry_run:
+        # A crash left an invocation half-written: replay it with its recorded config and version.
+        for inv, record in sorted(unfinished.items()):
+            old_cfg = FilterConfig(**record["config"])
+            plan = plan_invocation(record["inputs"], old_cfg, int(record["current_version"]))
+            if plan.invocation == inv:
+                recovered += commit_plan(plan, out_url, metrics_url, old_cfg, record["written"])
+    pending = [u for u in scan(in_url).shards if basename(u) not in consumed]
+    pending, tables, quarantined = _read_inputs(pending, quarantine_bad and not dry_run)
+    plan = plan_invocation(pending, cfg, current_version, tables)
+    waiting = 0 < plan.groups_kept < cfg.min_groups
+    summary: dict[str, Any] = {
+        "inputs": [basename(u) for u in pending], "rows_in": plan.rows_in, "rules": plan.counts,
+        "dropped": sum(v for k, v in plan.counts.items() if k != "balance"), "groups_kept": plan.groups_kept,
+        "rows_kept": sum(b.num_rows for b in plan.batches), "batches_planned": len(plan.batches), "batches": [], "current_version": current_version,
+        "waiting": waiting, "dry_run": dry_run, "recovered": recovered, "quarantined": quarantined,
+    }
+    if dry_run or waiting or not pending:
+        return summary
+    summary["batches"] = commit_plan(plan, out_url, metrics_url, cfg)
+    return summary

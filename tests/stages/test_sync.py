@@ -1,0 +1,98 @@
+"""The sync stage: publish vN + version.json, LATEST replaced atomically, --keep, idempotence, the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from arlctl.cli.sync import register
+from arlctl.models import tiny_model_dir
+from arlctl.rl.checkpoint import read_latest, resolve_policy_path
+from arlctl.stages.filter import current_policy_version
+from arlctl.stages.sync import list_versions, sync
+
+
+def fake_checkpoint(ckpt_dir: Path, step: int, complete: bool = True) -> Path:
+    """A checkpoint directory as train writes it: the tiny model's HF files plus trainer-only files."""
+    path = ckpt_dir / f"step-{step:06d}"
+    shutil.copytree(tiny_model_dir(), path)
+    for name in ("optimizer.pt", "scheduler.pt", "rng.pt"):
+        (path / name).write_bytes(b"trainer state")
+    if complete:
+        (path / "state.json").write_text(json.dumps({"step": step, "consumed_batches": []}))
+    return path
+
+
+def test_publish_newest_checkpoint(tmp_path):
+    ckpts, policy = tmp_path / "checkpoints", tmp_path / "policy"
+    fake_checkpoint(ckpts, 1)
+    fake_checkpoint(ckpts, 2)
+    fake_checkpoint(ckpts, 3, complete=False)  # no state.json: still being written
+    summary = sync(str(ckpts), str(policy))
+    assert summary["published"] and summary["latest_updated"] and summary["version"] == 2
+    version = policy / "v000002"
+    assert (policy / "LATEST").read_text() == "v000002\n"
+    info = json.loads((version / "version.json").read_text())
+    assert info["version"] == info["step"] == 2
+    assert info["source_checkpoint"] == str((ckpts / "step-000002").resolve())
+    assert info["sha256"] == hashlib.sha256((version / "model.safetensors").read_bytes()).hexdigest()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (version / name).is_file(), name
+    assert not any((version / n).exists() for n in ("optimizer.pt", "scheduler.pt", "rng.pt", "state.json"))
+    assert not [p for p in policy.iterdir() if p.name.startswith(".")], "no temp dirs left behind"
+    assert resolve_policy_path(str(policy)) == version
+    assert current_policy_version(str(policy), None) == 2
+
+
+def test_sync_is_idempotent(tmp_path):
+    ckpts, policy = tmp_path / "checkpoints", tmp_path / "policy"
+    fake_checkpoint(ckpts, 4)
+    sync(str(ckpts), str(policy))
+    stamp = (policy / "v000004" / "version.json").stat().st_mtime_ns
+    again = sync(str(ckpts), str(policy))
+    assert not again["published"] and not again["latest_updated"]
+    assert (policy / "v000004" / "version.json").stat().st_mtime_ns == stamp
+
+
+def test_keep_prunes_old_versions_and_latest_never_moves_back(tmp_path):
+    ckpts, policy = tmp_path / "checkpoints", tmp_path / "policy"
+    for step in range(1, 5):
+        fake_checkpoint(ckpts, step)
+        sync(str(ckpts), str(policy), keep=2)
+    assert [v for v, _ in list_versions(policy)] == [3, 4]
+    assert read_latest(policy) == "v000004"
+    # A checkpoint directory that went back in time (restored from an older copy) must not roll back LATEST.
+    shutil.rmtree(ckpts)
+    fake_checkpoint(ckpts, 2)
+    summary = sync(str(ckpts), str(policy), keep=2)
+    assert summary["stale"] and not summary["published"] and read_latest(policy) == "v000004"
+    assert "v000004" in [p.name for _, p in list_versions(policy)]
+
+
+def test_no_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(Exception, match="no complete checkpoint"):
+        sync(str(tmp_path / "none"), str(tmp_path / "policy"))
+
+
+def test_cli(tmp_path):
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoints", 7)
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    runner = CliRunner()
+    dry = runner.invoke(app, ["sync", "--run", str(run), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout.strip().splitlines()[-1])["would_publish"] and not (run / "policy").exists()
+    res = runner.invoke(app, ["sync", "--run", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["published"]
+    assert read_latest(run / "policy") == "v000007"
+    notify = runner.invoke(app, ["sync", "--run", str(run), "--notify", "http://localhost:8000"])
+    assert notify.exit_code == 2 and "not supported yet" in notify.output
