@@ -40,7 +40,7 @@ class RolloutConfig:
     max_new_tokens: int = 256  # per turn
     max_context: int = 8192  # prompt + response, never exceeded
     step_timeout: float = 30.0
-    trajectory_timeout: float = 600.0
+    trajectory_timeout: float = 3600.0
     max_obs_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
