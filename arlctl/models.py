@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from arlctl.errors import TerminalError
+from arlctl.io.fs import fsync_dir
 
 # Never reach for a model hub: everything we load is local. huggingface_hub reads these at import time,
 # so they are set before anything imports transformers through this module.
@@ -112,7 +113,7 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None) -> Path:
             if dest.exists():  # a leftover without a marker: an interrupted run of an older version
                 shutil.rmtree(dest)
             os.replace(tmp, dest)
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -298,12 +299,3 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

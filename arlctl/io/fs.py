@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 from typing import Any
 
@@ -42,3 +43,17 @@ def basename(url: str) -> str:
 def is_hidden(name: str) -> bool:
     """Dot- and underscore-prefixed names are invisible to readers (temp files, quarantine, locks)."""
     return name.startswith(".") or name.startswith("_")
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename inside `directory` durable (best effort: some filesystems refuse directory fsync)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from arlctl import __version__
 from arlctl.errors import CorruptShardError, NoShardsError
-from arlctl.io.fs import basename, get_fs, is_hidden, is_local, join, to_url
+from arlctl.io.fs import basename, fsync_dir, get_fs, is_hidden, is_local, join, to_url
 from arlctl.schemas.trajectory import (
     SCHEMA_METADATA,
     SchemaError,
@@ -98,7 +98,7 @@ def write_table_atomic(table: pa.Table, url: str, metadata: dict[bytes, bytes] |
             except FileNotFoundError:
                 pass
             raise
-        _fsync_dir(directory or ".")
+        fsync_dir(directory or ".")
         return path
     # Object store: build the whole file in memory, then one write of the final key.
     buf = io.BytesIO()
@@ -121,19 +121,6 @@ def _row_group_size(table: pa.Table) -> int:
         return 1
     per_row = max(1, table.nbytes // table.num_rows)
     return int(max(1, min(table.num_rows, TARGET_ROW_GROUP_BYTES // per_row)))
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def shard_name(prefix: str) -> str:

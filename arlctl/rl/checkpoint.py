@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from arlctl.errors import TerminalError
+from arlctl.io.fs import fsync_dir
 
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 VERSION_RE = re.compile(r"^v(\d{6,})$")
@@ -96,7 +97,7 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: Any, tokenizer: Any,
         if final.exists():  # a re-run after a crash between rename and the next step: same content
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -115,20 +116,7 @@ def replace_text_atomic(path: Path, text: str) -> None:
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     write_text_durable(tmp, text)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def read_latest(policy_dir: str | Path) -> str | None:
