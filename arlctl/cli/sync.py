@@ -26,14 +26,13 @@ def register(app: typer.Typer) -> None:
         policy_dir: str = typer.Option(None, "--policy-dir", help="Policy directory (default RUN/policy)."),
         run: str = typer.Option(None, "--run", help="Run directory that fills the defaults."),
         keep: int = typer.Option(3, "--keep", help="Versions to keep."),
-        notify: list[str] = typer.Option([], "--notify", help="Inference server to tell to reload (not yet)."),
+        notify: list[str] = typer.Option([], "--notify", help="Inference server URL to reload (repeatable)."),
+        notify_flavor: str = typer.Option("vllm", "--notify-flavor", help="Server kind: vllm or sglang."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Say what would happen; change nothing."),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
         from arlctl.stages.sync import sync  # torch comes with it: import late so `arlctl --help` stays fast
 
-        if notify:
-            raise UsageError("--notify is not supported yet", hint="inference servers can poll POLICYDIR/LATEST")
         if run is None and (ckpt is None or policy_dir is None):
             raise UsageError("give --ckpt and --policy-dir, or --run RUN")
         ckpt = ckpt or join(run, "checkpoints")
@@ -51,5 +50,13 @@ def register(app: typer.Typer) -> None:
             console.print(f"nothing to do: {name} is already published")
         for removed in summary["removed"]:
             console.print(f"removed old version {removed}")
+        if notify and not dry_run and not summary["stale"]:
+            import asyncio
+
+            from arlctl.inference.openai import notify_reload
+
+            # Raises TransientError (exit 75) naming the servers that failed; the others have reloaded.
+            summary["notified"] = asyncio.run(notify_reload(notify, str(summary["path"]), flavor=notify_flavor))
+            console.print(f"notified {len(notify)} servers to load {name}")
         if as_json:
             print_json(summary)

