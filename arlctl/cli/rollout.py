@@ -55,7 +55,8 @@ def register(app: typer.Typer) -> None:
         env: str = typer.Option("math", "--env", help="Environment: math, swe."),
         tasks: str = typer.Option(None, "--tasks", help="builtin:NAME?opts or a JSONL file (default builtin:ENV)."),
         policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny."),
-        backend: str = typer.Option("hf", "--backend", help="Inference backend."),
+        backend: str = typer.Option("hf", "--backend", help="Inference backend: hf, vllm, openai."),
+        server: list[str] = typer.Option([], "--server", help="openai backend: server URL (repeatable)."),
         run: str = typer.Option(None, "--run", help="Run directory; output goes to RUN/rollouts."),
         out: str = typer.Option(None, "--out", help="Output directory (any fsspec URL)."),
         group_size: int = typer.Option(4, "--group-size", "-G", help="Samples per task (GRPO group)."),
@@ -108,8 +109,12 @@ def register(app: typer.Typer) -> None:
                             temperature=temperature, top_p=top_p, seed=seed)
         from arlctl.inference.loader import load_policy
 
-        pol = load_policy(policy, backend=backend, max_batch=max_batch, tasks=task_list) \
-            if policy.startswith("oracle:") else load_policy(policy, backend=backend, max_batch=max_batch)
+        backend_opts: dict[str, Any] = {"max_batch": max_batch}
+        if policy.startswith("oracle:"):
+            backend_opts["tasks"] = task_list
+        if server:
+            backend_opts["servers"] = server
+        pol = load_policy(policy, backend=backend, **backend_opts)
         cfg.max_context = int(getattr(pol, "max_context", None) or cfg.max_context)
         spec = {"tasks": tasks or f"builtin:{env}", "policy": policy, **cfg.as_dict()}
         writer = GroupShardWriter(
