@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# The main job. Until the learning loop lands this shows the data tools on synthetic shards.
+# `make demo`: a short run of the GRPO loop (recipes/math_grpo.sh) on the embedded SmolLM2-135M-Instruct,
+# on CPU, ending with the mean reward per iteration. The first run converts the model (about a minute).
+# Longer runs: RUN=runs/math ITERS=10 TASKS_PER_ITER=32 recipes/math_grpo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUN=${RUN:-runs/demo}
-mkdir -p "$RUN"
-.venv/bin/python - "$RUN" <<'PY'
-import sys
-from arlctl.io.shards import Lineage, shard_name, write_shard
-from arlctl.synthetic import synthetic_table
-out = f"{sys.argv[1]}/rewarded"
-write_shard(synthetic_table(64, 4, seed=0), f"{out}/{shard_name('part')}", Lineage(stage="synthetic"))
-print(f"wrote 256 synthetic trajectories to {out}")
-PY
-.venv/bin/arlctl inspect "$RUN/rewarded"
-.venv/bin/arlctl query "select env, count(*) as n, round(avg(reward), 3) as mean_reward from trajectories group by 1 order by 1" "$RUN/rewarded"
+export RUN=${RUN:-runs/demo}
+export ITERS=${ITERS:-3}
+export TASKS_PER_ITER=${TASKS_PER_ITER:-8}
+export G=${G:-4}
+export MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
+export BATCH_GROUPS=${BATCH_GROUPS:-4}
+.venv/bin/arlctl model pull
+bash recipes/math_grpo.sh
+echo "run directory: $RUN  (try: .venv/bin/arlctl inspect $RUN/rewarded)" >&2

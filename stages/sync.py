@@ -80,7 +80,10 @@ def sync(ckpt_dir: str, policy_dir: str, keep: int = 3, dry_run: bool = False) -
         raise UsageError("--keep must be >= 1")
     latest = ckpt.latest_checkpoint(ckpt_dir)
     if latest is None:
-        raise TerminalError(f"no complete checkpoint in {ckpt_dir}", hint="run `arlctl train` first")
+        # Nothing trained yet is not a failure: a loop or cron run simply has nothing to publish.
+        return {"version": None, "path": None, "source_checkpoint": None, "previous": ckpt.read_latest(Path(policy_dir)),
+                "published": False, "latest_updated": False, "stale": False, "removed": [], "would_publish": False,
+                "nothing_to_do": f"no complete checkpoint in {ckpt_dir}"}
     step, source = latest
     root = Path(policy_dir)
     name = ckpt.version_dir_name(step)

@@ -38,6 +38,11 @@ def register(app: typer.Typer) -> None:
         ckpt = ckpt or join(run, "checkpoints")
         policy_dir = policy_dir or join(run, "policy")
         summary = sync(ckpt, policy_dir, keep=keep, dry_run=dry_run)
+        if summary["version"] is None:
+            console.print(f"nothing to do: {summary['nothing_to_do']}")
+            if as_json:
+                print_json(summary)
+            return
         name = f"v{summary['version']:06d}"
         if dry_run:
             verb = "would publish" if summary["would_publish"] else "already published"

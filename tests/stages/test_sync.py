@@ -7,7 +7,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -75,9 +74,16 @@ def test_keep_prunes_old_versions_and_latest_never_moves_back(tmp_path):
     assert "v000004" in [p.name for _, p in list_versions(policy)]
 
 
-def test_no_checkpoint_is_an_error(tmp_path):
-    with pytest.raises(Exception, match="no complete checkpoint"):
-        sync(str(tmp_path / "none"), str(tmp_path / "policy"))
+def test_no_checkpoint_is_nothing_to_do(tmp_path):
+    summary = sync(str(tmp_path / "none"), str(tmp_path / "policy"))
+    assert summary["version"] is None and not summary["published"] and not summary["latest_updated"]
+    assert "no complete checkpoint" in summary["nothing_to_do"]
+    assert not (tmp_path / "policy" / "LATEST").exists()
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    result = CliRunner().invoke(app, ["sync", "--ckpt", str(tmp_path / "none"), "--policy-dir", str(tmp_path / "p")])
+    assert result.exit_code == 0 and "nothing to do" in result.output
 
 
 def test_cli(tmp_path):
