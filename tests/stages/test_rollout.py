@@ -81,8 +81,29 @@ def rescore(model, prompt_ids, response_ids):
 
 
 def test_token_exactness_multi_turn(policy, model):
-    tasks = load_tasks("builtin:math?n=6&seed=3")
-    cfg = RolloutConfig(group_size=1, concurrency=6, max_turns=3, max_new_tokens=20, max_tokens=400, seed=7)
+    check_token_exactness(policy, model, n_tasks=6, max_new_tokens=20, min_multi_turn=3, tolerance=2e-3)
+
+
+@pytest.mark.slow
+def test_token_exactness_multi_turn_smollm2():
+    """The same check on the real SmolLM2-135M-Instruct (fp32 CPU; batched vs single forward differ ~1e-4)."""
+    from transformers import AutoModelForCausalLM
+
+    from arlctl.models import ensure_default_model
+
+    pol = load_policy("default", max_batch=8, progress=False)
+    try:
+        ref = AutoModelForCausalLM.from_pretrained(str(ensure_default_model(progress=False)),
+                                                   local_files_only=True).eval()
+        check_token_exactness(pol, ref, n_tasks=4, max_new_tokens=24, min_multi_turn=1, tolerance=5e-3)
+    finally:
+        asyncio.run(pol.close())
+
+
+def check_token_exactness(policy, model, n_tasks, max_new_tokens, min_multi_turn, tolerance):
+    tasks = load_tasks(f"builtin:math?n={n_tasks}&seed=3")
+    cfg = RolloutConfig(group_size=1, concurrency=n_tasks, max_turns=3, max_new_tokens=max_new_tokens,
+                        max_tokens=400, seed=7)
     groups, _ = run(policy, tasks, cfg, lambda: RecordingEnv(make_env("math")))
     rows = [r for g in groups for r in g]
     codec = ChatCodec(policy.tokenizer)
@@ -93,7 +114,7 @@ def test_token_exactness_multi_turn(policy, model):
         scored = rescore(model, row.prompt_ids, row.response_ids)
         for pos, (m, recorded) in enumerate(zip(row.response_mask, row.response_logprobs)):
             if m == 1:
-                assert recorded == pytest.approx(scored[pos], abs=2e-3), (row.trajectory_id, pos)
+                assert recorded == pytest.approx(scored[pos], abs=tolerance), (row.trajectory_id, pos)
             else:
                 assert recorded == 0.0
         # 2. Text: decoding the ids gives what the chat template renders for the recorded turns.
@@ -114,7 +135,7 @@ def test_token_exactness_multi_turn(policy, model):
             obs = row.response_mask[turn.gen_start + turn.gen_len: turn.gen_start + turn.gen_len + turn.obs_len]
             assert obs == [0] * turn.obs_len
         multi_turn += len(row.turns) > 1
-    assert multi_turn >= 3
+    assert multi_turn >= min_multi_turn
 
 
 def test_groups_are_whole_and_bounds_hold(policy):
