@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import UsageError
-from arlctl.io.layout import resolve_io
+from arlctl.io.layout import metrics_dir_for, resolve_io
 from arlctl.io.shards import Lineage, config_hash
 from arlctl.io.sink import GroupShardWriter
 
@@ -123,6 +123,7 @@ def register(app: typer.Typer) -> None:
             flush_groups=flush_groups, flush_seconds=flush_seconds, prefix=prefix)
         summary = asyncio.run(_run(task_list, pol, lambda: make_env(env, **options), cfg, writer, quiet))
         summary["out"] = out
+        summary["metrics"] = write_rollout_metrics(summary, metrics_dir_for(out, run), backend)
         if as_json:
             print_json(summary)
         console.print(
@@ -130,6 +131,23 @@ def register(app: typer.Typer) -> None:
             f"{summary['shards_written']} shards in {out}  ({summary['generated_tokens_per_s']:.1f} gen tok/s, "
             f"mean env latency {summary['mean_env_latency_s'] * 1e3:.1f} ms, {summary['errors']} errors"
             f"{', interrupted' if summary['interrupted'] else ''})")
+
+
+def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: str) -> str:
+    """One row per rollout invocation in RUN/metrics: loop counters plus the backend's own counters."""
+    import pyarrow as pa
+
+    from arlctl.io.fs import join
+    from arlctl.io.shards import shard_name, write_table_atomic
+
+    row: dict[str, Any] = {"backend": backend}
+    for key, value in summary.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[key] = float(value)
+    for key, value in (summary.get("backend_metrics") or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[f"backend_{key}"] = float(value)
+    return write_table_atomic(pa.Table.from_pylist([row]), join(metrics_dir, shard_name("rollout")))
 
 
 def _dry_run(task_list: list[dict], env: str, options: dict, policy: str) -> None:
@@ -199,6 +217,7 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
         finally:
             ticker.cancel()
             progress.update(bar, completed=stats.groups_done)
+            backend_metrics = pol.metrics() if hasattr(pol, "metrics") else {}
             await pol.close()
             if cfg.env == "swe":
                 from arlctl.envs.swe.sandboxes import close_shared
@@ -212,5 +231,5 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
         "shards_written": len(writer.written), "shards": writer.written, "rows_written": writer.rows_written,
         "generated_tokens": stats.generated_tokens, "generated_tokens_per_s": stats.generated_tokens / max(elapsed, 1e-9),
         "mean_env_latency_s": stats.mean_env_latency_s(), "env_calls": stats.env_calls, "errors": stats.errors,
-        "seconds": elapsed, "interrupted": stop.is_set(),
+        "seconds": elapsed, "interrupted": stop.is_set(), "backend_metrics": backend_metrics,
     }

@@ -167,9 +167,17 @@ class HFPolicy:
         self._pending: deque[_Request] = deque()
         self._swap: tuple[Any, int, asyncio.Future, asyncio.AbstractEventLoop] | None = None
         self._closed = False
-        self.stats = {"generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0, "max_rows": 0}
+        self.stats = {"generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0, "max_rows": 0, "busy_s": 0.0}
+        self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="arlctl-hf-policy", daemon=True)
         self._thread.start()
+
+    def metrics(self) -> dict[str, Any]:
+        """Backend counters for RUN/metrics: tokens/s and the share of time the model sat idle."""
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        return {**self.stats, "tokens_per_s": self.stats["generated_tokens"] / elapsed,
+                "idle_ratio": max(0.0, 1.0 - self.stats["busy_s"] / elapsed),
+                "waiting": len(self._pending)}
 
     @property
     def max_context(self) -> int:
@@ -268,8 +276,10 @@ class HFPolicy:
                         continue
                     # While a swap waits, admit nothing: the running rows drain, then the weights change.
                     admitted = [] if self._swap is not None else self._take_admissible(batch)
+                t_step = time.perf_counter()
                 try:
                     batch = self._step(batch, admitted)
+                    self.stats["busy_s"] += time.perf_counter() - t_step
                 except Exception as err:  # a failed forward must not kill the worker: fail its rows, go on
                     with self._cond:
                         self._fail_all((batch.rows if batch else []) + admitted, err, pending=False)

@@ -30,6 +30,13 @@ def test_rollout_then_reward_then_inspect(tmp_path):
     assert summary["trajectories"] == 8 and summary["groups"] == 4 and summary["shards_written"] == 2
     shards = list_shards(f"{run}/rollouts")
     assert len(shards) == 2
+    # one metrics row per invocation in RUN/metrics, with the backend's own counters
+    import pyarrow.parquet as pq
+
+    metrics = pq.read_table(summary["metrics"]).to_pylist()[0]
+    assert summary["metrics"].startswith(f"{run}/metrics/rollout-")
+    assert metrics["trajectories"] == 8 and metrics["backend_generated_tokens"] == summary["generated_tokens"]
+    assert 0.0 <= metrics["backend_idle_ratio"] <= 1.0 and metrics["backend_tokens_per_s"] > 0
     for shard in shards:
         table = read_shard(shard)
         counts = pc.value_counts(table.column("group_id")).to_pylist()
