@@ -77,7 +77,7 @@ def _one_row(rng, env, group_id, sample_index, task, prompt_ids, mean_turns, tok
         # Sampled-token log-probs of a small model: mostly confident, a heavy tail of surprises.
         lp = -rng.exponential(0.6, size=gen_len).astype(np.float32)
         logprobs.extend(lp.tolist() + [0.0] * obs_len)
-        tool = str(rng.choice(TOOLS[env]))
+        tool = str(rng.choice(TOOLS.get(env, ["tool"])))
         calls = [] if last else [{"name": tool, "arguments": {"arg": int(rng.integers(0, 1000))}, "id": f"call_{t}"}]
         n_calls += len(calls)
         g_lat, e_lat = float(rng.gamma(2.0, 0.4)), float(rng.lognormal(-1.2, 1.0))

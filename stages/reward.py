@@ -20,6 +20,7 @@ import pyarrow as pa
 from arlctl.envs.registry import Reward
 from arlctl.errors import CorruptShardError
 from arlctl.io.fs import basename, join
+from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, consumed_inputs, quarantine, read_shard, scan, write_shard
 from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA
 
@@ -85,13 +86,20 @@ def output_name(input_url: str) -> str:
 
 
 def reward_dir(in_url: str, out_url: str, reward: Reward, concurrency: int = 4, on_corrupt: str = "raise",
-               dry_run: bool = False, only: list[str] | None = None) -> RewardSummary:
-    """Reward every input shard not yet consumed by out_url. Returns what was done."""
+               dry_run: bool = False, only: list[str] | None = None, worker: tuple[int, int] = (0, 1),
+               stop: Any = None) -> RewardSummary:
+    """Reward every input shard not yet consumed by out_url. Returns what was done.
+
+    worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n
+    machines never take the same shard. stop: anything with is_set(); checked between shards.
+    """
     start = time.monotonic()
     summary = RewardSummary()
     done = consumed_inputs(out_url)
     cfg_hash = config_hash({"reward": reward.name, "version": reward.version})
-    for shard in only if only is not None else scan(in_url).shards:
+    for shard in only if only is not None else partition(scan(in_url).shards, *worker):
+        if stop is not None and stop.is_set():
+            break
         summary.inputs_seen += 1
         if basename(shard) in done:
             summary.skipped_consumed += 1

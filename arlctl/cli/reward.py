@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.rollout import parse_env_options
 from arlctl.io.layout import resolve_io
+
 
 HELP = """Score trajectories with a reward function: fills reward, reward_components, reward_info and
 reward_version. Each input shard gives one output shard of the same name; re-running skips what the
@@ -15,6 +18,8 @@ output directory already holds (lineage), so it is safe after a crash or from cr
   arlctl reward --run runs/r1 --reward math
 
   arlctl reward --in runs/r1/rollouts --out runs/r1/rewarded-v2 --reward math --reward-opt format_weight=0.1
+
+  arlctl reward --run runs/r1 --watch --poll 5 --worker 0/2      # a daemon taking half the shards
 """
 
 
@@ -30,15 +35,44 @@ def register(app: typer.Typer) -> None:
         concurrency: int = typer.Option(4, "--concurrency", help="Rows graded at once (sandboxed graders)."),
         quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt inputs to _quarantine/ and go on."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Score but write nothing."),
+        worker: str = typer.Option(None, "--worker", help="I/N: take only worker I's share of the inputs (0-based)."),
+        watch: bool = typer.Option(False, "--watch", help="Keep running: poll the input, reward what is new."),
+        poll: float = typer.Option(5.0, "--poll", help="Seconds between polls with --watch."),
+        lock_wait: float = typer.Option(0.0, "--lock-wait", help="Seconds to wait for another copy to finish."),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
         from arlctl.envs.registry import get_reward
-        from arlctl.stages.reward import reward_dir
+        from arlctl.io.lock import RunLock
+        from arlctl.io.partition import parse_worker
+        from arlctl.io.watch import watch_loop
+        from arlctl.stages.reward import RewardSummary, reward_dir
 
         in_, out = resolve_io("reward", run, in_, out)
+        shard = parse_worker(worker)
         fn = get_reward(reward, **parse_env_options(reward_opt))
-        summary = reward_dir(in_, out, fn, concurrency=concurrency,
-                             on_corrupt="quarantine" if quarantine else "raise", dry_run=dry_run).as_dict()
+        mode = "quarantine" if quarantine else "raise"
+        lock_name = "reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}"
+        total = RewardSummary()
+
+        def once(stop=None) -> int:
+            done = reward_dir(in_, out, fn, concurrency=concurrency, on_corrupt=mode, dry_run=dry_run,
+                              worker=shard, stop=stop)
+            for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum"):
+                setattr(total, name, getattr(total, name) + getattr(done, name))
+            total.written += done.written
+            total.corrupt += done.corrupt
+            return len(done.written)
+
+        # One copy per output (and worker): a second cron-launched copy waits or exits 75 with a message.
+        with RunLock(out, lock_name, wait_s=lock_wait) if not dry_run else contextlib.nullcontext():
+            if watch:
+                import threading
+
+                stop = threading.Event()
+                watch_loop(lambda: once(stop), poll, stop=stop)
+            else:
+                once()
+        summary = total.as_dict()
         summary["reward_version"] = fn.version
         if as_json:
             print_json(summary)

@@ -50,7 +50,7 @@ class LockHeld(TransientError):
         if remote and holder.get("expires_at"):
             hint = f"if that process is dead its lease expires at {_iso(holder['expires_at'])}; then rerun"
         else:
-            hint = "rerun when it is done, or give the run a lock wait to queue behind it"
+            hint = "rerun when it is done, or pass --lock-wait SECONDS to queue behind it"
         super().__init__(message, hint=hint)
         self.holder = holder
 
