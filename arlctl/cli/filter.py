@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.errors import UsageError
 from arlctl.io.fs import join
 
@@ -53,6 +54,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the --keep-uniform choice."),
         quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt input shards to _quarantine/."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-rule table; write nothing."),
+        watch: bool = typer.Option(False, "--watch", help=WATCH_HELP),
+        poll: float = typer.Option(5.0, "--poll", help=POLL_HELP),
+        lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
         from arlctl.stages.filter import (  # torch: import late
@@ -69,16 +73,23 @@ def register(app: typer.Typer) -> None:
         if run:
             policy_dir = policy_dir or join(run, "policy")
             ckpt_dir = ckpt_dir or join(run, "checkpoints")
-        version = current_version if current_version is not None else current_policy_version(policy_dir, ckpt_dir)
         cfg = FilterConfig(keep_status=list(keep_status), min_group_size=min_group_size, keep_uniform=keep_uniform,
                            dedupe_threshold=dedupe_threshold, dedupe_ngram=dedupe_ngram, max_lag=max_lag,
                            decay=decay, where=where, max_pos_frac=max_pos_frac, adv=adv,
                            batch_groups=batch_groups, min_groups=min_groups, seed=seed)
-        summary = run_filter(in_url, out_url, cfg, version, metrics_url=metrics, dry_run=dry_run,
-                             quarantine_bad=quarantine)
-        _render(summary, out_url)
-        if as_json:
-            print_json(summary)
+        def once(stop) -> dict:
+            # The policy version moves while a daemon runs: read it every round (staleness is against it).
+            now = current_version if current_version is not None else current_policy_version(policy_dir, ckpt_dir)
+            summary = run_filter(in_url, out_url, cfg, now, metrics_url=metrics, dry_run=dry_run,
+                                 quarantine_bad=quarantine)
+            if summary["inputs"] or not watch:
+                _render(summary, out_url)
+                if as_json:
+                    print_json(summary)
+            return summary
+
+        run_stage(once, out=out_url, lock_name="filter", watch=watch, poll=poll, lock_wait=lock_wait,
+                  dry_run=dry_run, units=lambda summary: len(summary["batches"]))
 
 
 def _render(summary: dict[str, Any], out_url: str) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.cli.rollout import parse_env_options
 from arlctl.io.layout import resolve_io
-
 
 HELP = """Score trajectories with a reward function: fills reward, reward_components, reward_info and
 reward_version. Each input shard gives one output shard of the same name; re-running skips what the
@@ -36,42 +34,33 @@ def register(app: typer.Typer) -> None:
         quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt inputs to _quarantine/ and go on."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Score but write nothing."),
         worker: str = typer.Option(None, "--worker", help="I/N: take only worker I's share of the inputs (0-based)."),
-        watch: bool = typer.Option(False, "--watch", help="Keep running: poll the input, reward what is new."),
-        poll: float = typer.Option(5.0, "--poll", help="Seconds between polls with --watch."),
-        lock_wait: float = typer.Option(0.0, "--lock-wait", help="Seconds to wait for another copy to finish."),
+        watch: bool = typer.Option(False, "--watch", help=WATCH_HELP),
+        poll: float = typer.Option(5.0, "--poll", help=POLL_HELP),
+        lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
         from arlctl.envs.registry import get_reward
-        from arlctl.io.lock import RunLock
         from arlctl.io.partition import parse_worker
-        from arlctl.io.watch import watch_loop
         from arlctl.stages.reward import RewardSummary, reward_dir
 
         in_, out = resolve_io("reward", run, in_, out)
         shard = parse_worker(worker)
         fn = get_reward(reward, **parse_env_options(reward_opt))
         mode = "quarantine" if quarantine else "raise"
-        lock_name = "reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}"
         total = RewardSummary()
 
-        def once(stop=None) -> int:
+        def once(stop) -> dict:
             done = reward_dir(in_, out, fn, concurrency=concurrency, on_corrupt=mode, dry_run=dry_run,
                               worker=shard, stop=stop)
             for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum"):
                 setattr(total, name, getattr(total, name) + getattr(done, name))
             total.written += done.written
             total.corrupt += done.corrupt
-            return len(done.written)
+            return done.as_dict()
 
-        # One copy per output (and worker): a second cron-launched copy waits or exits 75 with a message.
-        with RunLock(out, lock_name, wait_s=lock_wait) if not dry_run else contextlib.nullcontext():
-            if watch:
-                import threading
-
-                stop = threading.Event()
-                watch_loop(lambda: once(stop), poll, stop=stop)
-            else:
-                once()
+        run_stage(once, out=out, lock_name="reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}",
+                  watch=watch, poll=poll, lock_wait=lock_wait, dry_run=dry_run,
+                  units=lambda summary: len(summary["written"]))
         summary = total.as_dict()
         summary["reward_version"] = fn.version
         if as_json:

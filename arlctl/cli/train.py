@@ -7,6 +7,7 @@ from typing import Any
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.errors import UsageError
 from arlctl.io.fs import join
 
@@ -51,6 +52,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
         device: str = typer.Option("auto", "--device", help="auto (cuda when available) | cpu | cuda:N."),
         resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the newest checkpoint."),
+        watch: bool = typer.Option(False, "--watch", help=WATCH_HELP),
+        poll: float = typer.Option(5.0, "--poll", help=POLL_HELP),
+        lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
         from arlctl.stages.train import TrainConfig, train
@@ -65,13 +69,19 @@ def register(app: typer.Typer) -> None:
                           tis_cap=tis_cap, kl_coef=kl_coef, loss_agg=loss_agg, micro_tokens=micro_tokens,
                           precision=precision, temperature=temperature, save_every=save_every,
                           max_steps=max_steps, seed=seed, device=device)
-        summary = train(in_url, policy, out, cfg, metrics_url=metrics, resume=resume, on_step=_line)
-        if not summary["steps"]:
-            console.print("nothing to do: every batch shard is already consumed")
-        else:
-            console.print(f"trained {summary['steps']} steps; checkpoint {summary['checkpoint']}")
-        if as_json:
-            print_json(summary)
+        def once(stop) -> dict:
+            summary = train(in_url, policy, out, cfg, metrics_url=metrics, resume=resume, on_step=_line)
+            if not summary["steps"]:
+                if not watch:
+                    console.print("nothing to do: every batch shard is already consumed")
+            else:
+                console.print(f"trained {summary['steps']} steps; checkpoint {summary['checkpoint']}")
+            if as_json and (summary["steps"] or not watch):
+                print_json(summary)
+            return summary
+
+        run_stage(once, out=out, lock_name="train", watch=watch, poll=poll, lock_wait=lock_wait,
+                  units=lambda summary: summary["steps"])
 
 
 def _line(step: int, m: dict[str, Any]) -> None:
