@@ -1,6 +1,6 @@
 """Registries of environments and reward functions, by name: `--env math`, `--reward math`.
 
-Each entry is registered by the module that defines it. Names in _PROVIDERS are imported on first use,
+Each entry is registered by the module that defines it. Names in PROVIDERS are imported on first use,
 so `make_env("swe")` works without this module importing the swe code (and its sandbox dependencies)
 when only math is wanted. A reward function has the shape
     score(final_state, task, response_text) -> (reward, components, info)
@@ -32,7 +32,8 @@ class Reward:
 
 ENVS: dict[str, EnvFactory] = {}
 REWARDS: dict[str, tuple[ScoreFn, str]] = {}  # name -> (score function, base version)
-_PROVIDERS = {"swe": "arlctl.envs.swe", "code": "arlctl.envs.code", "first-token": "arlctl.envs.toy"}
+# Modules that register an env, its reward and its builtin task source when imported (on first use).
+PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy"}
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -43,14 +44,19 @@ def register_reward(name: str, score: ScoreFn, version: str) -> None:
     REWARDS[name] = (score, version)
 
 
-def _ensure(name: str, table: dict[str, Any], what: str) -> None:
-    if name not in table and name in _PROVIDERS:
+def import_provider(name: str, table: dict[str, Any], what: str) -> None:
+    """Import the module that registers `name` into `table`, if it is not there yet."""
+    if name not in table and name in PROVIDERS:
         try:
-            importlib.import_module(_PROVIDERS[name])
+            importlib.import_module(PROVIDERS[name])
         except ImportError as exc:
             raise UsageError(f"{what} {name!r} is not available: {exc}") from None
+
+
+def _ensure(name: str, table: dict[str, Any], what: str) -> None:
+    import_provider(name, table, what)
     if name not in table:
-        known = sorted(set(table) | set(_PROVIDERS))
+        known = sorted(set(table) | set(PROVIDERS))
         raise UsageError(f"unknown {what} {name!r}", hint=f"known: {', '.join(known)}")
 
 
@@ -82,7 +88,7 @@ def get_reward_fn(name: str, **options: Any) -> ScoreFn:
 
 
 def list_envs() -> list[str]:
-    return sorted(set(ENVS) | set(_PROVIDERS))
+    return sorted(set(ENVS) | set(PROVIDERS))
 
 
 def _register_builtin() -> None:

@@ -5,12 +5,11 @@
 
 Every task is a dict with at least `task_id` and `env`. Builtin sources live in BUILTIN_SOURCES; a module
 registers its own with `register_task_source` when imported. `load_tasks` imports the module named in
-_PROVIDERS for a builtin it has not seen yet, so `builtin:swe` works without this file importing swe code.
+registry.PROVIDERS for a builtin it has not seen yet, so `builtin:swe` works without this file importing swe code.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,6 @@ from arlctl.io.fs import get_fs
 TaskSource = Callable[[dict[str, str]], list[dict[str, Any]]]
 BUILTIN_SOURCES: dict[str, TaskSource] = {}
 # builtin name -> module whose import registers it (lazy, so loading math tasks never imports swe).
-_PROVIDERS = {"swe": "arlctl.envs.swe", "code": "arlctl.envs.code", "first-token": "arlctl.envs.toy"}
 
 
 def register_task_source(name: str) -> Callable[[TaskSource], TaskSource]:
@@ -69,11 +67,9 @@ def _builtin_math(options: dict[str, str]) -> list[dict[str, Any]]:
 
 def _load_builtin(spec: str) -> list[dict[str, Any]]:
     name, _, query = spec[len("builtin:") :].partition("?")
-    if name not in BUILTIN_SOURCES and name in _PROVIDERS:
-        try:
-            importlib.import_module(_PROVIDERS[name])
-        except ImportError as exc:
-            raise UsageError(f"builtin task source {name!r} is not available: {exc}") from None
+    from arlctl.envs.registry import import_provider  # late: the registry imports the env modules
+
+    import_provider(name, BUILTIN_SOURCES, "builtin task source")
     if name not in BUILTIN_SOURCES:
         known = ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_SOURCES))
         raise UsageError(f"unknown task source builtin:{name}", hint=f"known: {known}, or a JSONL file path")
