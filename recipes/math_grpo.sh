@@ -11,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ARLCTL=${ARLCTL:-.venv/bin/arlctl}
+ROLLOUT_ARLCTL=${ROLLOUT_ARLCTL:-$ARLCTL}     # e.g. .venv-vllm/bin/arlctl with ROLLOUT_OPTS="--backend vllm"
+ROLLOUT_OPTS=${ROLLOUT_OPTS:-}
 RUN=${RUN:-runs/math-grpo}
 ITERS=${ITERS:-10}
 ENV_NAME=${ENV_NAME:-math}
@@ -40,7 +42,7 @@ for ((i = 0; i < ITERS; i++)); do
   tag=$(printf "it%04d" "$i")
   echo "== iteration $i ($tag) policy $(policy_for_rollout)" >&2
   if ! compgen -G "$RUN/rollouts/$tag-*.parquet" >/dev/null; then
-    "$ARLCTL" rollout --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY" \
+    "$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY" \
       --policy "$(policy_for_rollout)" --run "$RUN" -G "$G" -c "$CONCURRENCY" --max-turns "$MAX_TURNS" \
       --max-new-tokens "$MAX_NEW_TOKENS" --temperature "$TEMPERATURE" --seed "$i" \
       --prefix "$tag" --flush-groups 1000000 --flush-seconds 1e9 "${env_args[@]}" -q

@@ -26,8 +26,8 @@ An id prefix is enough when it is unique.
 
 def find_trajectory(paths: list[str], trajectory_id: str) -> dict[str, Any]:
     con = connect(gather_shards(paths))
-    table = con.execute(
-        f"select * from {VIEW} where starts_with(trajectory_id, ?) limit 2", [trajectory_id]
+    table = con.sql(
+        f"select * from {VIEW} where starts_with(trajectory_id, $id) limit 2", params={"id": trajectory_id}
     ).to_arrow_table()
     if table.num_rows == 0:
         raise TerminalError(f"no trajectory with id {trajectory_id!r} in {', '.join(paths)}")

@@ -69,6 +69,9 @@ SYSTEM_PROMPT = (
     "When you know the result, end your reply with the final number in answer tags, "
     "for example <answer>42</answer>."
 )
+# tools="none": the same rules without the calculator; the prompt is about 4x shorter (no tool schema block),
+# which is what a CPU training run on a small model can afford.
+SYSTEM_PROMPT_NO_TOOLS = SYSTEM_PROMPT.replace("You may use the calculator tool for arithmetic. ", "")
 NUDGE = (
     "Please continue: call the calculator tool if you need to compute something, "
     "or give your final answer as <answer>NUMBER</answer>."
@@ -217,12 +220,15 @@ class MathEnv:
     version = ENV_VERSION
     tool_format = "hermes"  # which arlctl.tools parser reads this env's calls (see parse_action)
 
-    def __init__(self, on_no_action: str = "nudge", max_calls_per_turn: int = 8):
+    def __init__(self, on_no_action: str = "nudge", max_calls_per_turn: int = 8, tools: str = "calculator"):
         if on_no_action not in ("nudge", "end"):
             raise UsageError(f"on_no_action must be 'nudge' or 'end', got {on_no_action!r}")
+        if tools not in ("calculator", "none"):
+            raise UsageError(f"math env: tools must be 'calculator' or 'none', got {tools!r}")
         self.on_no_action = on_no_action
         self.max_calls_per_turn = max_calls_per_turn
-        self.tools = [CALCULATOR_TOOL]
+        self.tools = [CALCULATOR_TOOL] if tools == "calculator" else []
+        self.system_prompt = SYSTEM_PROMPT if self.tools else SYSTEM_PROMPT_NO_TOOLS
         self.task: dict[str, Any] | None = None
 
     def parse_action(self, text: str) -> Action:
@@ -238,7 +244,7 @@ class MathEnv:
         gold_answer(task)  # fail at reset, not at reward time, on a task whose answer is not a number
         self.task = task
         messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": question.strip()},
         ]
         return EnvReset(messages=messages, tools=list(self.tools))

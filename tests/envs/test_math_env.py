@@ -178,3 +178,16 @@ def test_registry_makes_math_env():
         make_env("chess")
     with pytest.raises(UsageError, match="bad option for env 'math'"):
         make_env("math", colour="red")
+
+
+def test_tools_none_drops_the_calculator_from_schema_and_prompt():
+    env = MathEnv(tools="none")
+    reset = run(env.reset(TASK))
+    assert reset.tools == []
+    system = reset.messages[0]["content"]
+    assert "calculator" not in system and "<answer>" in system
+    # the answer rule is unchanged
+    result = run(env.step(Action(text="so <answer>15</answer>")))
+    assert result.done and result.final_state == "15"
+    with pytest.raises(UsageError, match="tools must be"):
+        MathEnv(tools="abacus")

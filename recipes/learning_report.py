@@ -1,0 +1,138 @@
+"""Report of a math learning run (recipes/smollm2_learning.sh): per-iteration curve and held-out eval.
+
+    .venv/bin/python recipes/learning_report.py RUN --out docs/learning
+
+Reads RUN/rewarded (training rollouts, iteration from the `it0003-...` shard prefix), RUN/eval/{before,after}/
+rewarded (held-out tasks) and RUN/metrics (train steps), all through DuckDB, and writes
+OUT/<name>.png (mean reward, answer-format rate, tool-call rate and correct rate per iteration, held-out
+before/after as a second panel), OUT/<name>.md (the same numbers as tables) and OUT/<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import duckdb
+
+from arlctl.io.duck import connect_paths
+
+ITERATION_SQL = """
+select try_cast(regexp_extract(filename, '/it([0-9]+)-', 1) as integer) as iteration,
+       count(*) as trajectories,
+       avg(reward) as mean_reward,
+       avg(reward_components['correct']) as correct_rate,
+       avg(reward_components['format']) as format_rate,
+       avg(case when num_tool_calls > 0 then 1.0 else 0.0 end) as tool_call_rate,
+       avg(generated_tokens) as mean_generated_tokens,
+       max(policy_version) as policy_version
+from trajectories group by 1 order by 1
+"""
+
+EVAL_SQL = """
+select count(*) as trajectories,
+       avg(reward) as mean_reward,
+       avg(reward_components['correct']) as correct_rate,
+       avg(reward_components['format']) as format_rate,
+       avg(case when num_tool_calls > 0 then 1.0 else 0.0 end) as tool_call_rate,
+       avg(generated_tokens) as mean_generated_tokens,
+       count(distinct task_id) as tasks
+from trajectories
+"""
+
+
+def rows(path: str, sql: str) -> list[dict]:
+    con, _ = connect_paths(path)
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def stderr(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+
+
+def train_steps(run: Path) -> list[dict]:
+    metrics = run / "metrics"
+    if not any(metrics.glob("train-*.parquet")):
+        return []
+    glob = str(metrics / "train-*.parquet").replace("'", "''")
+    cur = duckdb.connect().execute(f"select * from read_parquet('{glob}', union_by_name = true) order by step")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run")
+    ap.add_argument("--out", default="docs/learning")
+    ap.add_argument("--name", default="smollm2_math")
+    args = ap.parse_args()
+    run, out = Path(args.run), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    iters = rows(str(run / "rewarded"), ITERATION_SQL)
+    evals = {}
+    for name in ("before", "after"):
+        d = run / "eval" / name / "rewarded"
+        if d.exists():
+            evals[name] = rows(str(d), EVAL_SQL)[0]
+    steps = train_steps(run)
+
+    report = {"run": str(run), "iterations": iters, "eval": evals,
+              "train_steps": len(steps),
+              "train": [{k: s.get(k) for k in ("step", "loss", "clip_frac", "approx_kl", "entropy", "grad_norm",
+                                                "tokens_per_s", "reward_mean")} for s in steps]}
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+    lines = [f"# {args.name}: per-iteration training rollouts", "",
+             "| iteration | policy version | trajectories | mean reward | correct | answer-format rate "
+             "| tool-call rate | generated tokens |", "|---|---|---|---|---|---|---|---|"]
+    for r in iters:
+        lines.append(f"| {r['iteration']} | {r['policy_version']} | {r['trajectories']} | {r['mean_reward']:.3f} "
+                     f"| {r['correct_rate']:.3f} | {r['format_rate']:.3f} | {r['tool_call_rate']:.3f} "
+                     f"| {r['mean_generated_tokens']:.1f} |")
+    if evals:
+        lines += ["", "## Held-out tasks (a seed no training iteration uses)", "",
+                  "| policy | tasks | trajectories | mean reward (± s.e.) | correct | answer-format rate "
+                  "| tool-call rate | generated tokens |", "|---|---|---|---|---|---|---|---|"]
+        for name, e in evals.items():
+            lines.append(f"| {name} | {e['tasks']} | {e['trajectories']} | {e['mean_reward']:.3f} "
+                         f"± {stderr(e['correct_rate'], e['trajectories']):.3f} | {e['correct_rate']:.3f} "
+                         f"| {e['format_rate']:.3f} | {e['tool_call_rate']:.3f} "
+                         f"| {e['mean_generated_tokens']:.1f} |")
+    lines += ["", f"{len(steps)} optimizer steps in total."]
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
+    xs = [r["iteration"] for r in iters]
+    for key, label in (("mean_reward", "mean reward"), ("correct_rate", "correct"),
+                       ("format_rate", "answer-format rate"), ("tool_call_rate", "tool-call rate")):
+        ax.plot(xs, [r[key] for r in iters], marker="o", label=label)
+    ax.set_xlabel("iteration (rollouts of policy v = previous steps)")
+    ax.set_ylabel("rate / reward")
+    ax.set_title("training rollouts per iteration")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if evals:
+        names = list(evals)
+        vals = [evals[n]["correct_rate"] for n in names]
+        errs = [stderr(evals[n]["correct_rate"], evals[n]["trajectories"]) for n in names]
+        bx.bar(names, vals, yerr=errs, capsize=6, color=["#999999", "#2a7ab9"][: len(names)])
+        bx.set_title("held-out correct rate")
+        bx.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / f"{args.name}.png", dpi=110)
+    print("\n".join(lines))
+    print(f"wrote {out / (args.name + '.png')}, {out / (args.name + '.md')}, {out / (args.name + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
