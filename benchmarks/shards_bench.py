@@ -131,7 +131,7 @@ def main() -> None:
         f"select env, avg(reward), quantile_cont(response_tokens, 0.5), quantile_cont(response_tokens, 0.99) "
         f"from read_json('{jsonl}', columns={{env: 'VARCHAR', reward: 'FLOAT', response_tokens: 'INTEGER', "
         f"status: 'VARCHAR'}}) group by 1").fetchall(), repeat=1)
-    for env, mean, p50, p99 in duck_rows[0]:
+    for env, mean, p50, _p99 in duck_rows[0]:
         ref = scan_result[env]
         assert abs(mean - ref[0]) < 1e-4 and abs(p50 - ref[1]) < 1e-6, (env, mean, ref)
     print(f"aggregate over {args.rows} rows: duckdb/parquet {duck_s * 1e3:8.1f} ms | python jsonl scan "

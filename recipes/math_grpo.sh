@@ -2,11 +2,14 @@
 # The synchronous GRPO loop over one run directory: rollout -> reward -> filter -> train -> sync, K times.
 #
 #   RUN=runs/math ITERS=10 recipes/math_grpo.sh
+#   RUN=s3://bucket/runs/math ITERS=10 recipes/math_grpo.sh     # the whole run directory on S3
 #
 # Restartable at any point: every stage skips what its output directory says is done. Rollouts of
-# iteration i are one shard named it<i>-*.parquet, written atomically at the end of the rollout, so an
-# iteration whose shard exists is not rolled out again; reward, filter, train and sync resume through
-# lineage and checkpoints. Every knob is an environment variable (defaults below).
+# iteration i are one shard named it<i>-*.parquet, written atomically at the end of the rollout; a rollout
+# that finished leaves the marker RUN/recipe/it<i>.done, and only a marked iteration is skipped. A rollout
+# stopped by a signal still flushes its aborted rows as a shard (filter drops them by the completeness
+# rule), so the iteration is rolled out again. Reward, filter, train and sync resume through lineage and
+# checkpoints. Every knob is an environment variable (defaults below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,18 +37,42 @@ SEED0=${SEED0:-100}                           # training tasks of iteration i us
 env_args=(); for kv in $ENV_OPTS; do env_args+=(--env-opt "$kv"); done
 reward_args=(); for kv in $REWARD_OPTS; do reward_args+=(--reward-opt "$kv"); done
 
+PYTHON=${PYTHON:-$(dirname "$ARLCTL")/python}
+
+# Does anything match a glob? Local paths: the shell's own glob; RUN=s3://... (any fsspec URL): fsspec's.
+exists() {
+  if [[ "$1" == *://* ]]; then
+    "$PYTHON" -c 'import sys, fsspec; fs, p = fsspec.core.url_to_fs(sys.argv[1]); sys.exit(0 if fs.glob(p) else 1)' "$1"
+  else
+    compgen -G "$1" >/dev/null
+  fi
+}
+
+mark_done() {  # an empty marker object/file
+  if [[ "$1" == *://* ]]; then
+    "$PYTHON" -c 'import sys, fsspec; fs, p = fsspec.core.url_to_fs(sys.argv[1]); fs.pipe(p, b"")' "$1"
+  else
+    mkdir -p "$(dirname "$1")" && : > "$1"
+  fi
+}
+
 policy_for_rollout() {
-  if [[ -f "$RUN/policy/LATEST" ]]; then echo "$RUN/policy"; else echo "$BASE_POLICY"; fi
+  if exists "$RUN/policy/LATEST"; then echo "$RUN/policy"; else echo "$BASE_POLICY"; fi
 }
 
 for ((i = 0; i < ITERS; i++)); do
   tag=$(printf "it%04d" "$i")
   echo "== iteration $i ($tag) policy $(policy_for_rollout)" >&2
-  if ! compgen -G "$RUN/rollouts/$tag-*.parquet" >/dev/null; then
-    "$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY" \
+  if ! exists "$RUN/recipe/$tag.done"; then
+    summary=$("$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY" \
       --policy "$(policy_for_rollout)" --run "$RUN" -G "$G" -c "$CONCURRENCY" --max-turns "$MAX_TURNS" \
       --max-new-tokens "$MAX_NEW_TOKENS" --temperature "$TEMPERATURE" --seed "$i" \
-      --prefix "$tag" --flush-groups 1000000 --flush-seconds 1e9 "${env_args[@]}" -q
+      --prefix "$tag" --flush-groups 1000000 --flush-seconds 1e9 "${env_args[@]}" -q --json)
+    if [[ "$summary" != *'"interrupted": false'* ]]; then
+      echo "rollout of $tag was interrupted; it is rolled out again on the next run" >&2
+      exit 75
+    fi
+    mark_done "$RUN/recipe/$tag.done"
   fi
   "$ARLCTL" reward --run "$RUN" --reward "$ENV_NAME" "${reward_args[@]}"
   "$ARLCTL" filter --run "$RUN" --batch-groups "$BATCH_GROUPS" --policy-dir "$RUN/policy"

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+
 from arlctl.schemas.trajectory import SCHEMA_VERSION, TRAJECTORY_SCHEMA, validate
 
 

@@ -11,6 +11,9 @@ Reads top to bottom like a torchtune recipe:
 
 Resuming continues exactly: the same next batch, the same weights, optimizer moments, LR and RNG, so K
 steps straight and K/2 + resume + K/2 give identical weights.
+
+--out may be an object-store URL (s3://bucket/run/checkpoints): checkpoints are then built locally and
+uploaded with state.json last, and a resume downloads the newest complete one (arlctl/rl/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -216,19 +219,21 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     if not todo:
         return summary
 
-    # 3. Model, tokenizer, optimizer and schedule; restore their states when resuming.
-    initial_policy = Path(state.get("initial_policy") or ckpt.resolve_policy_path(policy))
-    start_path = latest[1] if latest else initial_policy
+    # 3. Model, tokenizer, optimizer and schedule; restore their states when resuming. A checkpoint on an
+    #    object store is downloaded to a scratch directory for as long as this takes.
+    initial_policy = _initial_policy(state, policy)
     device = cfg.torch_device()
-    model = load_model(start_path).to(device)
-    tokenizer = load_tokenizer(start_path) or load_tokenizer(initial_policy)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.adam_betas,
-                                  weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    if latest is not None:
-        optimizer.load_state_dict(torch.load(latest[1] / "optimizer.pt", map_location=device, weights_only=False))
-        scheduler.load_state_dict(torch.load(latest[1] / "scheduler.pt", weights_only=False))
-        ckpt.set_rng_state(torch.load(latest[1] / "rng.pt", weights_only=False))
+    with ckpt.local_copy(latest[1] if latest else None) as resume_from:
+        start_path = resume_from or initial_policy
+        model = load_model(start_path).to(device)
+        tokenizer = load_tokenizer(start_path) or load_tokenizer(initial_policy)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.adam_betas,
+                                      weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        if resume_from is not None:
+            optimizer.load_state_dict(torch.load(resume_from / "optimizer.pt", map_location=device, weights_only=False))
+            scheduler.load_state_dict(torch.load(resume_from / "scheduler.pt", weights_only=False))
+            ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
 
     # 4. The frozen reference for the KL term is always the initial policy, also after a resume.
     ref_model = None
@@ -237,7 +242,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
 
     # 5. The loop: one batch shard, one optimizer step.
     history: list[dict[str, float]] = []
-    saved_at = step
+    saved_at, save_s = step, 0.0
     for url in todo:
         batch = read_shard(url)
         if batch.column("advantage").null_count:
@@ -252,24 +257,43 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         if on_step:
             on_step(step, metrics)
         if step % cfg.save_every == 0:
-            _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy, url)
+            save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
+                            url, policy)
             saved_at = step
 
     # 6. Always leave the final state in a checkpoint.
     if step != saved_at:
-        _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy, todo[-1])
+        save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
+                        todo[-1], policy)
     return {
-        **summary, "steps": len(history), "step": step,
-        "checkpoint": str(Path(ckpt_dir) / ckpt.step_dir_name(step)),
+        **summary, "steps": len(history), "step": step, "save_s": save_s,
+        "checkpoint": ckpt.checkpoint_location(ckpt_dir, step),
         "loss_mean": _mean(h["loss"] for h in history), "reward_mean": _mean(h["reward_mean"] for h in history),
         "tokens_per_s": _mean(h["tokens_per_s"] for h in history),
     }
 
 
-def _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy, last_url) -> None:
+def _initial_policy(state: dict[str, Any], policy: str | None) -> Path:
+    """The initial weights (KL reference, tokenizer fallback): the recorded directory when it is on this
+    machine, else the recorded --policy spec resolved here (a run resumed elsewhere from an object store)."""
+    recorded = state.get("initial_policy")
+    if recorded and Path(recorded).exists():
+        return Path(recorded)
+    spec = state.get("policy_spec") or policy
+    if spec is None:
+        return Path(recorded)  # nothing to resolve; the loaders say what is missing
+    return ckpt.resolve_policy_path(spec)
+
+
+def _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy, last_url,
+          policy) -> float:
+    """Write a checkpoint; returns the seconds it took (on an object store: mostly the upload)."""
+    started = time.perf_counter()
     state = {"step": step, "consumed_batches": list(consumed), "last_batch": basename(last_url),
-             "config": asdict(cfg), "initial_policy": str(initial_policy), "created_at": time.time()}
+             "config": asdict(cfg), "initial_policy": str(initial_policy), "policy_spec": policy,
+             "created_at": time.time()}
     ckpt.save_checkpoint(ckpt_dir, step, model, tokenizer, optimizer, scheduler, state)
+    return time.perf_counter() - started
 
 
 def _write_metrics(metrics_url: str, step: int, batch_name: str, metrics: dict[str, float]) -> None:

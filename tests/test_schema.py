@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+
 from arlctl.schemas import trajectory as T
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table, uuid7
-
 from arlctl.synthetic import synthetic_table
 
 # The golden copy of schema version 1: (name, type, nullable). Edit only together with a migration.

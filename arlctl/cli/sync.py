@@ -16,6 +16,8 @@ Idempotent: re-running with nothing new does nothing.
   arlctl sync --run RUN
 
   arlctl sync --ckpt RUN/checkpoints --policy-dir RUN/policy --keep 5
+
+  arlctl sync --run s3://bucket/run    # on an object store: version.json marks a version complete
 """
 
 

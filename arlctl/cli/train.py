@@ -20,6 +20,8 @@ importance sampling (--tis-cap) and k3 KL to the initial policy (--kl-coef), nam
   arlctl train --run RUN --policy smollm2-135m
 
   arlctl train --in RUN/batches --policy RUN/policy --out RUN/checkpoints --lr 1e-6 --micro-tokens 4096
+
+  arlctl train --run s3://bucket/run --policy smollm2-135m    # checkpoints uploaded, state.json last
 """
 
 
@@ -28,7 +30,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def train_cmd(
         in_url: str = typer.Option(None, "--in", help="Batch shards (default RUN/batches)."),
-        out: str = typer.Option(None, "--out", help="Checkpoint directory (default RUN/checkpoints)."),
+        out: str = typer.Option(None, "--out", help="Checkpoint directory, local or a URL (default RUN/checkpoints)."),
         policy: str = typer.Option(None, "--policy", help="Initial weights: HF dir, policy dir or model name."),
         run: str = typer.Option(None, "--run", help="Run directory that fills the defaults."),
         metrics: str = typer.Option(None, "--metrics", help="Per-step metrics (default RUN/metrics)."),

@@ -57,3 +57,70 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------- directories on object stores
+#
+# Checkpoints and policy versions are directories. An object store has no rename, so such a directory is
+# committed by uploading its files under their final keys and then one small marker file last (state.json,
+# version.json): a PUT appears whole or not at all, and readers trust only directories with the marker.
+
+LOCAL_SCHEMES = ("file", "local")
+
+
+def is_remote(url: str | os.PathLike) -> bool:
+    """True for an fsspec URL outside the local filesystem (s3://, gs://, memory://, ...)."""
+    text = str(url)
+    return "://" in text and text.split("://", 1)[0] not in LOCAL_SCHEMES
+
+
+def read_bytes_or_none(url: str) -> bytes | None:
+    """The content of `url`, or None when it does not exist. Always asks the store (no listing cache)."""
+    fs, path = get_fs(url)
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+
+
+def write_bytes_whole(url: str, data: bytes) -> None:
+    """One PUT of the final key: readers see the old object or the new one, never half."""
+    fs, path = get_fs(url)
+    fs.pipe_file(path, data)
+
+
+def list_files(url: str) -> dict[str, int]:
+    """{relative path: size} of every object under the directory `url`, hidden names included."""
+    fs, path = get_fs(url)
+    path = path.rstrip("/")
+    fs.invalidate_cache(path)  # a long-running process must see what others wrote since its last listing
+    try:
+        found = fs.find(path, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {name[len(path) + 1:]: int(info.get("size") or 0) for name, info in found.items()
+            if info.get("type") == "file" and name.startswith(path + "/")}
+
+
+def upload_dir(local_dir: str | os.PathLike, url: str, names: list[str], last: str | None = None) -> None:
+    """Upload `names` (files of `local_dir`) under the directory `url`, concurrently, then `last` alone."""
+    fs, path = get_fs(url)
+    path = path.rstrip("/")
+    local = os.fspath(local_dir)
+    first = [n for n in names if n != last]
+    if first:
+        fs.put([os.path.join(local, n) for n in first], [f"{path}/{n}" for n in first])
+    if last is not None:
+        fs.put_file(os.path.join(local, last), f"{path}/{last}")
+    fs.invalidate_cache(path)
+
+
+def download_dir(url: str, local_dir: str | os.PathLike, names: list[str]) -> None:
+    """Download `names` (relative to the directory `url`) into `local_dir`, concurrently."""
+    fs, path = get_fs(url)
+    path = path.rstrip("/")
+    local = os.fspath(local_dir)
+    for name in names:
+        os.makedirs(os.path.dirname(os.path.join(local, name)) or local, exist_ok=True)
+    if names:
+        fs.get([f"{path}/{n}" for n in names], [os.path.join(local, n) for n in names])

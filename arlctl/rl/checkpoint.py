@@ -5,31 +5,52 @@ files) plus `optimizer.pt`, `scheduler.pt`, `rng.pt` and `state.json` {step, con
 It is built in a hidden temporary directory beside it and renamed into place, so a visible step directory
 is always complete; `state.json` is also written last, which is what "complete" means on object stores.
 
+On an object store (any fsspec URL: s3://, gs://, ...) there is no rename: the checkpoint is built in a
+local scratch directory, its files are uploaded under their final keys, and `state.json` goes last with a
+manifest of the files (sizes, sha256 of the weights). A step directory without state.json is an upload in
+progress or an interrupted one: every reader ignores it, and the next save of that step overwrites it.
+Resuming downloads the newest complete checkpoint into a scratch directory (`local_copy`).
+
 A policy directory `POLICYDIR/vNNNNNN/` holds the HF files and `version.json`; `POLICYDIR/LATEST` names
-the current version and is replaced atomically. `resolve_policy_path` turns any `--policy` spec into an HF
-directory: a policy dir (follows LATEST), a checkpoint or HF dir, or the embedded model's name.
+the current version and is replaced atomically (one PUT on object stores). `resolve_policy_path` turns
+any `--policy` spec into an HF directory: a policy dir (follows LATEST), a checkpoint or HF dir, the
+embedded model's name, or a URL of any of these (downloaded into the loader's cache).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from arlctl.errors import TerminalError
-from arlctl.io.fs import fsync_dir
+from arlctl.errors import TerminalError, TransientError
+from arlctl.io.fs import (
+    download_dir,
+    fsync_dir,
+    get_fs,
+    is_remote,
+    join,
+    list_files,
+    read_bytes_or_none,
+    upload_dir,
+    write_bytes_whole,
+)
 
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 VERSION_RE = re.compile(r"^v(\d{6,})$")
 STATE_FILE = "state.json"
+TRAINER_ONLY = ("optimizer.pt", "scheduler.pt", "rng.pt", STATE_FILE)
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
 
@@ -42,8 +63,28 @@ def version_dir_name(version: int) -> str:
     return f"v{version:06d}"
 
 
-def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints (visible name and a state.json), oldest first."""
+def checkpoint_location(ckpt_dir: str | Path, step: int) -> str:
+    """Where step `step` lives: a local path or a URL."""
+    if is_remote(ckpt_dir):
+        return join(str(ckpt_dir), step_dir_name(step))
+    return str(Path(ckpt_dir) / step_dir_name(step))
+
+
+def list_complete_dirs(url: str, pattern: re.Pattern[str], marker: str) -> list[tuple[int, str]]:
+    """On an object store: (number, URL) of the directories whose name matches and that hold `marker`."""
+    found = []
+    for rel in list_files(url):
+        parts = rel.split("/")
+        match = pattern.match(parts[0])
+        if match and len(parts) == 2 and parts[1] == marker:
+            found.append((int(match.group(1)), join(url, parts[0])))
+    return sorted(found)
+
+
+def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path | str]]:
+    """Complete checkpoints (visible name and a state.json), oldest first. URLs for object stores."""
+    if is_remote(ckpt_dir):
+        return list_complete_dirs(str(ckpt_dir), STEP_RE, STATE_FILE)
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
@@ -55,13 +96,46 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(ckpt_dir: str | Path) -> tuple[int, Path] | None:
+def latest_checkpoint(ckpt_dir: str | Path) -> tuple[int, Path | str] | None:
     found = list_checkpoints(ckpt_dir)
     return found[-1] if found else None
 
 
-def read_state(ckpt: Path) -> dict[str, Any]:
-    return json.loads((ckpt / STATE_FILE).read_text())
+def read_state(ckpt: Path | str) -> dict[str, Any]:
+    if is_remote(ckpt):
+        raw = read_bytes_or_none(join(str(ckpt), STATE_FILE))
+        if raw is None:
+            raise TerminalError(f"{ckpt} has no {STATE_FILE}: not a complete checkpoint")
+        return json.loads(raw)
+    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+
+
+@contextmanager
+def local_copy(ckpt: Path | str | None) -> Iterator[Path | None]:
+    """A local directory with the files of `ckpt`: itself when local, else a scratch download (removed after).
+
+    The files listed in its state.json manifest are downloaded (all visible files for an older checkpoint)
+    and their sizes checked, so a checkpoint overwritten or pruned during the download is an error, not a
+    silent mix of two checkpoints.
+    """
+    if ckpt is None or not is_remote(ckpt):
+        yield None if ckpt is None else Path(ckpt)
+        return
+    url = str(ckpt)
+    state = read_state(url)
+    expected = state.get("files") or {n: s for n, s in list_files(url).items() if n != STATE_FILE}
+    names = sorted(expected)
+    scratch = Path(tempfile.mkdtemp(prefix="arlctl-ckpt-"))
+    try:
+        download_dir(url, scratch, names)
+        for name in names:
+            if (scratch / name).stat().st_size != expected[name]:
+                raise TransientError(f"{url}/{name} changed while it was downloaded",
+                                    hint="another process rewrote this checkpoint; retry")
+        (scratch / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def rng_state() -> dict[str, Any]:
@@ -80,19 +154,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(ckpt_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-                    state: dict[str, Any]) -> Path:
-    """Write step-NNNNNN atomically: build a hidden temp dir, fsync, rename. Returns the final path."""
+                    state: dict[str, Any]) -> Path | str:
+    """Write step-NNNNNN atomically: build a hidden temp dir, fsync, rename. Returns the final path.
+
+    On an object store: build locally, upload, state.json last (see the module docstring); returns the URL.
+    """
+    if is_remote(ckpt_dir):
+        return _save_remote(str(ckpt_dir), step, model, tokenizer, optimizer, scheduler, state)
     root = Path(ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
+        _write_files(tmp, model, tokenizer, optimizer, scheduler)
         write_text_durable(tmp / STATE_FILE, json.dumps(state, indent=1, sort_keys=True, default=str))
         if final.exists():  # a re-run after a crash between rename and the next step: same content
             shutil.rmtree(final)
@@ -102,6 +176,52 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: Any, tokenizer: Any,
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _write_files(directory: Path, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any) -> None:
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    torch.save(scheduler.state_dict(), directory / "scheduler.pt")
+    torch.save(rng_state(), directory / "rng.pt")
+
+
+def _save_remote(ckpt_dir: str, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
+                 state: dict[str, Any]) -> str:
+    final = join(ckpt_dir, step_dir_name(step))
+    scratch = Path(tempfile.mkdtemp(prefix="arlctl-ckpt-"))
+    try:
+        _write_files(scratch, model, tokenizer, optimizer, scheduler)
+        names = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*") if p.is_file())
+        # The manifest: what a reader must find, and the weights' digest so sync need not download them.
+        state = {**state, "files": {n: (scratch / n).stat().st_size for n in names},
+                 "sha256": {n: sha256_file(scratch / n) for n in names if n.endswith(".safetensors")}}
+        (scratch / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
+        # A complete checkpoint of this step already there (a replay after a crash): make it invisible first.
+        store_remove(join(final, STATE_FILE))
+        upload_dir(scratch, final, [*names, STATE_FILE], last=STATE_FILE)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+def store_remove(url: str, recursive: bool = False) -> None:
+    """Delete an object (or a whole prefix) on a store; a missing one is fine."""
+    fs, path = get_fs(url)
+    try:
+        fs.rm(path, recursive=recursive)
+    except FileNotFoundError:
+        pass
+    fs.invalidate_cache(path)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_text_durable(path: Path, text: str) -> None:
@@ -119,8 +239,20 @@ def replace_text_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def write_latest(policy_dir: str | Path, name: str) -> None:
+    """Point POLICYDIR/LATEST at version `name`: os.replace locally, one PUT on an object store."""
+    if is_remote(policy_dir):
+        write_bytes_whole(join(str(policy_dir), "LATEST"), (name + "\n").encode())
+    else:
+        replace_text_atomic(Path(policy_dir) / "LATEST", name + "\n")
+
+
 def read_latest(policy_dir: str | Path) -> str | None:
     """The version directory name in POLICYDIR/LATEST, or None when nothing is published."""
+    if is_remote(policy_dir):
+        raw = read_bytes_or_none(join(str(policy_dir), "LATEST"))
+        name = raw.decode(errors="replace").strip() if raw is not None else ""
+        return name if VERSION_RE.match(name) else None
     latest = Path(policy_dir) / "LATEST"
     if not latest.is_file():
         return None
@@ -129,7 +261,14 @@ def read_latest(policy_dir: str | Path) -> str | None:
 
 
 def resolve_policy_path(spec: str) -> Path:
-    """An HF model directory for a --policy spec: policy dir (LATEST), HF/checkpoint dir, or model name."""
+    """An HF model directory for a --policy spec: policy dir (LATEST), HF/checkpoint dir, or model name.
+
+    A URL (s3://bucket/run/policy) is resolved by the inference loader into its local cache.
+    """
+    if is_remote(spec):
+        from arlctl.inference.loader import resolve_policy
+
+        return resolve_policy(spec).path
     path = Path(spec).expanduser()
     if path.is_dir():
         latest = read_latest(path)
