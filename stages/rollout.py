@@ -69,6 +69,9 @@ class Stats:
     env_time_s: float = 0.0
     errors: int = 0
     last_error: str | None = None
+    groups_started: int = 0
+    epoch: int = 0  # the epoch whose tasks are being issued
+    epochs_done: int = 0  # epochs whose every group has been started
     started: float = field(default_factory=time.monotonic)
 
     def tokens_per_s(self) -> float:
@@ -81,8 +84,10 @@ class Stats:
 class _Trajectory:
     """The growing state of one trajectory; whatever it holds becomes a row, even when aborted."""
 
-    def __init__(self, task: dict[str, Any], group_id: str, sample_index: int, env_name: str, policy: Policy):
+    def __init__(self, task: dict[str, Any], group_id: str, sample_index: int, env_name: str, policy: Policy,
+                 epoch: int = 0):
         self.task = task
+        self.epoch = epoch
         self.row = TrajectoryRow(
             group_id=group_id, sample_index=sample_index, task_id=str(task.get("task_id", "")),
             env=env_name, env_version="", task=task, policy=policy.name, prompt_text="", prompt_ids=[],
@@ -99,6 +104,8 @@ class _Trajectory:
         row.response_logprobs.extend(float(lp) for lp in gen.logprobs)
         row.turns.append(turn)
         row.gen_time_s += latency
+        if turn.index == 0:
+            row.policy_version = gen.version  # a reload may land between creation and the first turn
         row.policy_version_last = gen.version
         return turn
 
@@ -122,6 +129,14 @@ def _seed_for(base: int | None, *parts: Any) -> int | None:
         return None
     digest = hashlib.sha256(json.dumps([base, *parts], default=str).encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def _turn_seed(base: int | None, traj: _Trajectory, turn_index: int) -> int | None:
+    """Deterministic per (task, sample, turn); epochs after the first mix in their number so they differ."""
+    row = traj.row
+    if traj.epoch == 0:
+        return _seed_for(base, row.task_id, row.sample_index, turn_index)
+    return _seed_for(base, "epoch", traj.epoch, row.task_id, row.sample_index, turn_index)
 
 
 def _truncate_observation(codec: ChatCodec, content: str, max_tokens: int) -> str:
@@ -211,7 +226,7 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
         t_gen = time.monotonic()
         try:
             gen = await _generate(policy, row.prompt_ids + row.response_ids,
-                                  cfg.sampling(budget, _seed_for(cfg.seed, row.task_id, row.sample_index, turn_index)),
+                                  cfg.sampling(budget, _turn_seed(cfg.seed, traj, turn_index)),
                                   cfg, traj)
         except asyncio.CancelledError:
             raise
@@ -261,10 +276,10 @@ GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
 
 async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[[], Env], codec: ChatCodec,
                     cfg: RolloutConfig, stats: Stats, slots: asyncio.Semaphore,
-                    turn_hook: Callable[[], Awaitable[None]] | None = None) -> list[TrajectoryRow]:
+                    turn_hook: Callable[[], Awaitable[None]] | None = None, epoch: int = 0) -> list[TrajectoryRow]:
     """The G samples of one task; a group is always returned whole (aborted members included)."""
     group_id = str(uuid.uuid4())
-    trajs = [_Trajectory(task, group_id, i, cfg.env, policy) for i in range(cfg.group_size)]
+    trajs = [_Trajectory(task, group_id, i, cfg.env, policy, epoch) for i in range(cfg.group_size)]
 
     async def one(traj: _Trajectory) -> TrajectoryRow:
         async with slots:
@@ -313,15 +328,22 @@ class GroupAborted(Exception):
 async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: Callable[[], Env],
                   cfg: RolloutConfig, sink: GroupSink, stats: Stats | None = None,
                   stop: asyncio.Event | None = None,
-                  turn_hook: Callable[[], Awaitable[None]] | None = None) -> Stats:
+                  turn_hook: Callable[[], Awaitable[None]] | None = None,
+                  epochs: int | None = 1,
+                  before_group: Callable[[], Awaitable[None]] | None = None) -> Stats:
     """Run every task as a group of cfg.group_size trajectories, handing each finished group to sink.
 
     At most cfg.concurrency trajectories are in flight. When `stop` is set, no new group starts and the
     groups in flight are aborted; their rows still reach the sink (status aborted), so nothing completed
     is lost.
+
+    epochs: how many passes over `tasks` (None: until stopped). Epoch e > 0 seeds its sampling with e,
+        so with a --seed the passes differ yet stay reproducible.
+    before_group: awaited before each new group starts (daemon backpressure); a stop cuts it short.
     """
     stats = stats or Stats()
     stop = stop or asyncio.Event()
+    task_list = tasks if epochs == 1 else list(tasks)  # one pass may stream; epochs re-iterate a list
     codec = ChatCodec(policy.tokenizer)
     slots = asyncio.Semaphore(cfg.concurrency)
     # Keep enough groups started that every trajectory slot stays busy, but not the whole task list.
@@ -329,8 +351,9 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     running: set[asyncio.Task] = set()  # the group runners; cancelled on stop
     sinking: set[asyncio.Task] = set()  # runner + sink per group; never cancelled, so nothing is lost
 
-    async def one_group(task: dict[str, Any]) -> None:
-        runner = asyncio.ensure_future(run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook))
+    async def one_group(task: dict[str, Any], epoch: int) -> None:
+        runner = asyncio.ensure_future(
+            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch))
         running.add(runner)
         try:
             rows = await asyncio.shield(runner)
@@ -341,21 +364,44 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
             group_slots.release()
         await sink(rows)
 
-    for task in tasks:
-        acquire = asyncio.ensure_future(group_slots.acquire())
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({acquire, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if stop.is_set():
-            if acquire.done() and not acquire.cancelled():
+    epoch = 0
+    while task_list and (epochs is None or epoch < epochs) and not stop.is_set():
+        stats.epoch = epoch
+        for task in task_list:
+            if not await _until_or_stop(group_slots.acquire(), stop, on_stop=group_slots.release):
+                break
+            if before_group is not None and not await _until_or_stop(before_group(), stop):
                 group_slots.release()
-            acquire.cancel()
-            break
-        t = asyncio.ensure_future(one_group(task))
-        sinking.add(t)
-        t.add_done_callback(sinking.discard)
+                break
+            stats.groups_started += 1
+            t = asyncio.ensure_future(one_group(task, epoch))
+            sinking.add(t)
+            t.add_done_callback(sinking.discard)
+        else:
+            stats.epochs_done += 1
+        epoch += 1
     await _drain(running, sinking, stop)
     return stats
+
+
+async def _until_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event,
+                         on_stop: Callable[[], Any] | None = None) -> bool:
+    """Await `awaitable` unless `stop` fires first (then cancel it). True when it completed and no stop.
+
+    on_stop: undoes a completion that raced with the stop (e.g. releases a semaphore just acquired).
+    """
+    work = asyncio.ensure_future(awaitable)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if stop.is_set():
+        if work.done() and not work.cancelled() and work.exception() is None and on_stop is not None:
+            on_stop()
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return False
+    work.result()  # a failure in the awaitable propagates
+    return True
 
 
 async def _drain(running: set[asyncio.Task], sinking: set[asyncio.Task], stop: asyncio.Event) -> None:
@@ -371,3 +417,123 @@ async def _drain(running: set[asyncio.Task], sinking: set[asyncio.Task], stop: a
     for runner in list(running):
         runner.cancel()
     await asyncio.gather(*list(sinking), return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------------------------- daemon mode
+
+
+class PolicyFollower:
+    """Follows a run's policy directory: when LATEST names a newer version, reload the policy.
+
+    Called from the turn hook (so weights change only at a turn boundary) and from the backpressure
+    gate; LATEST is read at most every `poll_s` seconds. One reload at a time: a turn that arrives while
+    another reloads carries on (the backend queues its generation behind the swap). Versions only move
+    forward; a failed reload is recorded and retried at the next check.
+    """
+
+    def __init__(self, policy: Policy, policy_dir: str, poll_s: float,
+                 on_reload: Callable[[int, int], None] | None = None):
+        self.policy = policy
+        self.policy_dir = policy_dir
+        self.poll_s = poll_s
+        self.on_reload = on_reload
+        self.reloads = 0
+        self.last_error: str | None = None
+        self._last_check = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def maybe_reload(self) -> bool:
+        if self._lock.locked() or time.monotonic() - self._last_check < self.poll_s:
+            return False
+        async with self._lock:
+            self._last_check = time.monotonic()
+            try:
+                newest = await asyncio.to_thread(self._newest)
+                if newest is None or newest[1] <= self.policy.version:
+                    return False
+                path, version = newest
+                previous = self.policy.version
+                await self.policy.reload(path, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # a half-pruned version, a bad file: keep the old weights, retry later
+                self.last_error = f"reload failed: {type(err).__name__}: {err}"
+                return False
+            self.reloads += 1
+            if self.on_reload is not None:
+                self.on_reload(previous, version)
+            return True
+
+    def _newest(self) -> tuple[str, int] | None:
+        """(model directory, version) when LATEST names a version newer than the loaded one, else None."""
+        from arlctl.inference import loader
+
+        named = loader.latest_version(self.policy_dir)  # one small read of LATEST, local or remote
+        if named is None or named <= self.policy.version:
+            return None  # nothing published yet, or nothing newer
+        path = loader.latest_version_dir(self.policy_dir)  # a URL's version is downloaded to a local cache
+        return str(path), loader.read_version(path)
+
+
+class Backpressure:
+    """The gate before each new group in daemon mode (README "Running as daemons").
+
+    A group of G starts only when (1) backlog + G <= max_pending, where backlog is the untrained rows of
+    the run (arlctl.runstate.backlog) plus the rows this process started but has not committed, so the
+    backlog never exceeds max_pending; and (2) trainer_version - policy.version <= max_staleness, where
+    trainer_version = max(newest checkpoint step, LATEST). While blocked it commits buffered groups at
+    every poll (so downstream can consume them), tries a reload, and logs each wait once.
+    """
+
+    def __init__(self, run: str, group_size: int, policy: Policy, in_flight: Callable[[], int],
+                 max_pending: int | None = None, max_staleness: int | None = None, poll_s: float = 5.0,
+                 follower: PolicyFollower | None = None, flush: Callable[[], Awaitable[None]] | None = None,
+                 log: Callable[[str], None] = print):
+        from arlctl.runstate import ShardCache
+
+        self.run, self.group_size, self.policy, self.in_flight = run, group_size, policy, in_flight
+        self.max_pending, self.max_staleness, self.poll_s = max_pending, max_staleness, poll_s
+        self.follower, self.flush, self.log = follower, flush, log
+        self.cache = ShardCache()
+        self.waited_s = {"backlog": 0.0, "staleness": 0.0}
+        self.waits = {"backlog": 0, "staleness": 0}
+        self.max_backlog = 0  # the largest backlog (new group included) this gate let through
+        self.max_staleness_started = 0  # the largest trainer_version - policy.version a group started at
+
+    async def wait(self) -> None:
+        reason, since = None, time.monotonic()
+        while True:
+            blocked, message, backlog_now, lag = await self._check()
+            now = time.monotonic()
+            if reason is not None:
+                self.waited_s[reason] += now - since
+            since = now
+            if blocked is None:
+                self.max_backlog = max(self.max_backlog, backlog_now)
+                self.max_staleness_started = max(self.max_staleness_started, lag)
+                return
+            if blocked != reason:
+                self.waits[blocked] += 1
+                self.log(message)
+            if self.flush is not None:
+                await self.flush()  # groups that finished while we wait count as backlog only once committed
+            reason = blocked
+            await asyncio.sleep(self.poll_s)
+
+    async def _check(self) -> tuple[str | None, str, int, int]:
+        from arlctl.runstate import backlog
+
+        if self.follower is not None:
+            await self.follower.maybe_reload()  # a newer LATEST may clear the staleness bound
+        state = await asyncio.to_thread(backlog, self.run, self.cache, self.in_flight())
+        after = state["total"] + self.group_size
+        lag = state["trainer_version"] - self.policy.version
+        if self.max_pending is not None and after > self.max_pending:
+            return ("backlog", f"waiting: backlog {after} > max-pending {self.max_pending} "
+                    f"(rollouts {state['rollouts']}, rewarded {state['rewarded']}, batches {state['batches']}, "
+                    f"in flight {state['in_flight']}, next group {self.group_size})", after, lag)
+        if self.max_staleness is not None and lag > self.max_staleness:
+            how = "waiting for a newer policy/LATEST" if self.follower else "no policy directory to reload from"
+            return ("staleness", f"waiting: trainer version {state['trainer_version']} is {lag} ahead of policy "
+                    f"version {self.policy.version} > max-staleness {self.max_staleness} ({how})", after, lag)
+        return None, "", after, lag

@@ -11,7 +11,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.daemon import LOCK_WAIT_HELP
 from arlctl.errors import UsageError
+from arlctl.io.fs import basename, join
 from arlctl.io.layout import metrics_dir_for, resolve_io
 from arlctl.io.shards import Lineage, config_hash
 from arlctl.io.sink import GroupShardWriter
@@ -25,7 +27,14 @@ multi-turn with tools. Shards are written as groups finish (a group is never spl
 
   arlctl rollout --env math --tasks builtin:math --policy tiny --dry-run    # show the first prompt
 
-Ctrl-C stops new work, ends in-flight trajectories as `aborted` and flushes everything.
+  arlctl rollout --watch --run runs/r1 --policy runs/r1/policy --max-pending 256 --max-staleness 2
+
+Ctrl-C (or SIGTERM) stops new work, ends in-flight trajectories as `aborted` and flushes everything.
+
+With --watch it runs as a daemon: epoch after epoch over the tasks (--max-epochs N to stop), reloading
+the policy at turn boundaries when RUN/policy/LATEST names a newer version (checked every --poll s),
+and holding back new groups while the untrained backlog would exceed --max-pending rows or the trainer
+is more than --max-staleness versions ahead (README "Running as daemons").
 """
 
 
@@ -81,17 +90,29 @@ def register(app: typer.Typer) -> None:
         sandboxes: int = typer.Option(None, "--sandboxes", help="swe: warm sandboxes in the pool."),
         insecure_sandbox: bool = typer.Option(False, "--insecure-sandbox",
                                               help="Allow the subprocess backend (trusted code only)."),
+        watch: bool = typer.Option(False, "--watch", help="Daemon: run epochs over the tasks until SIGTERM/SIGINT."),
+        max_epochs: int = typer.Option(None, "--max-epochs", help="--watch: stop after N epochs (default: never)."),
+        poll: float = typer.Option(5.0, "--poll", help="--watch: seconds between LATEST and backlog checks."),
+        max_pending: int = typer.Option(None, "--max-pending",
+                                        help="--watch: untrained rows (in flight included) never exceed this."),
+        max_staleness: int = typer.Option(None, "--max-staleness",
+                                          help="--watch: start no trajectory more than K versions behind the trainer."),
+        lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
+        worker: str = typer.Option(None, "--worker", help="I/N: roll out only worker I's share of the tasks."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Render the first prompt; write nothing."),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     ) -> None:
         from arlctl.envs.registry import make_env
         from arlctl.envs.tasks import load_tasks
+        from arlctl.io.partition import owns, parse_worker
         from arlctl.stages.rollout import RolloutConfig
 
         task_list = load_tasks(tasks or f"builtin:{env}", env=env)
         if limit is not None:
             task_list = task_list[:limit]
+        share = parse_worker(worker)
+        task_list = [t for t in task_list if owns(str(t.get("task_id", "")), *share)]
         options = parse_env_options(env_opt)
         if sandbox is not None:
             options["sandbox"] = sandbox
@@ -103,27 +124,32 @@ def register(app: typer.Typer) -> None:
             _dry_run(task_list, env, options, policy)
             return
         _, out = resolve_io("rollout", run, None, out)
+        daemon = _daemon_options(watch, max_epochs, poll, max_pending, max_staleness, group_size, policy, run, out)
         cfg = RolloutConfig(env=env, group_size=group_size, concurrency=concurrency, max_turns=max_turns,
                             max_tokens=max_tokens, max_new_tokens=max_new_tokens, step_timeout=step_timeout,
                             trajectory_timeout=trajectory_timeout, max_obs_tokens=max_obs_tokens,
                             temperature=temperature, top_p=top_p, seed=seed)
         from arlctl.inference.loader import load_policy
+        from arlctl.io.lock import RunLock
 
         backend_opts: dict[str, Any] = {"max_batch": max_batch}
         if policy.startswith("oracle:"):
             backend_opts["tasks"] = task_list
         if server:
             backend_opts["servers"] = server
-        pol = load_policy(policy, backend=backend, **backend_opts)
-        cfg.max_context = int(getattr(pol, "max_context", None) or cfg.max_context)
-        spec = {"tasks": tasks or f"builtin:{env}", "policy": policy, **cfg.as_dict()}
-        writer = GroupShardWriter(
-            out, lambda: Lineage(stage="rollout", inputs=[], config_hash=config_hash(spec),
-                                 extra={"tasks": spec["tasks"], "policy": pol.name, "policy_version": pol.version}),
-            flush_groups=flush_groups, flush_seconds=flush_seconds, prefix=prefix)
-        summary = asyncio.run(_run(task_list, pol, lambda: make_env(env, **options), cfg, writer, quiet))
-        summary["out"] = out
-        summary["metrics"] = write_rollout_metrics(summary, metrics_dir_for(out, run), backend)
+        lock_name = "rollout" if share[1] == 1 else f"rollout-worker{share[0]}of{share[1]}"
+        with RunLock(out, lock_name, wait_s=lock_wait):
+            pol = load_policy(policy, backend=backend, **backend_opts)
+            cfg.max_context = int(getattr(pol, "max_context", None) or cfg.max_context)
+            spec = {"tasks": tasks or f"builtin:{env}", "policy": policy, **cfg.as_dict()}
+            writer = GroupShardWriter(
+                out, lambda: Lineage(stage="rollout", inputs=[], config_hash=config_hash(spec),
+                                     extra={"tasks": spec["tasks"], "policy": pol.name,
+                                            "policy_version": pol.version}),
+                flush_groups=flush_groups, flush_seconds=flush_seconds, prefix=prefix)
+            summary = asyncio.run(_run(task_list, pol, lambda: make_env(env, **options), cfg, writer, quiet, daemon))
+            summary["out"] = out
+            summary["metrics"] = write_rollout_metrics(summary, metrics_dir_for(out, run), backend)
         if as_json:
             print_json(summary)
         console.print(
@@ -131,6 +157,40 @@ def register(app: typer.Typer) -> None:
             f"{summary['shards_written']} shards in {out}  ({summary['generated_tokens_per_s']:.1f} gen tok/s, "
             f"mean env latency {summary['mean_env_latency_s'] * 1e3:.1f} ms, {summary['errors']} errors"
             f"{', interrupted' if summary['interrupted'] else ''})")
+
+
+def _daemon_options(watch: bool, max_epochs: int | None, poll: float, max_pending: int | None,
+                    max_staleness: int | None, group_size: int, policy: str, run: str | None,
+                    out: str) -> dict[str, Any] | None:
+    """Check the --watch options; resolve the run directory (backpressure) and the policy dir to follow."""
+    if not watch:
+        if any(v is not None for v in (max_epochs, max_pending, max_staleness)):
+            raise UsageError("--max-epochs, --max-pending and --max-staleness need --watch")
+        return None
+    if max_epochs is not None and max_epochs < 1:
+        raise UsageError("--max-epochs must be at least 1")
+    if poll <= 0:
+        raise UsageError("--poll must be positive")
+    if max_pending is not None and max_pending < group_size:
+        raise UsageError(f"--max-pending {max_pending} is below the group size {group_size}: no group could start")
+    if max_staleness is not None and max_staleness < 0:
+        raise UsageError("--max-staleness must be >= 0")
+    run_root = run or (out.rstrip("/").rsplit("/", 1)[0] if basename(out) == "rollouts" and "/" in out else None)
+    if run_root is None and (max_pending is not None or max_staleness is not None):
+        raise UsageError("--max-pending and --max-staleness read the run directory",
+                         hint="pass --run RUN (or --out RUN/rollouts)")
+    follow = None
+    from arlctl import models
+
+    if not policy.startswith("oracle:") and policy not in ("tiny", "default", models.DEFAULT_MODEL):
+        from arlctl.inference.loader import resolve_policy
+
+        resolved = resolve_policy(policy, progress=False)
+        follow = str(resolved.policy_dir) if resolved.policy_dir is not None else None
+    if follow is None and run_root is not None and not policy.startswith("oracle:"):
+        follow = join(run_root, "policy")  # start from a model, pick up what sync publishes
+    return {"epochs": max_epochs, "poll": poll, "max_pending": max_pending, "max_staleness": max_staleness,
+            "run": run_root, "follow": follow}
 
 
 def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: str) -> str:
@@ -144,6 +204,7 @@ def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: st
     for key, value in summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[key] = float(value)
+    row["last_error"] = summary.get("last_error")
     for key, value in (summary.get("backend_metrics") or {}).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[f"backend_{key}"] = float(value)
@@ -172,8 +233,9 @@ def _dry_run(task_list: list[dict], env: str, options: dict, policy: str) -> Non
     console.print(f"dry run: would roll out {len(task_list)} tasks; nothing written")
 
 
-async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet: bool) -> dict[str, Any]:
-    from arlctl.stages.rollout import Stats, rollout
+async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet: bool,
+               daemon: dict[str, Any] | None = None) -> dict[str, Any]:
+    from arlctl.stages.rollout import Backpressure, PolicyFollower, Stats, rollout
 
     stats = Stats()
     stop = asyncio.Event()
@@ -196,23 +258,40 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
             status[r.status] = status.get(r.status, 0) + 1
         await writer.add_group(rows)
 
+    epochs, follower, gate = 1, None, None
+    if daemon is not None:
+        epochs = daemon["epochs"]
+        if daemon["follow"]:
+            follower = PolicyFollower(pol, daemon["follow"], daemon["poll"], on_reload=lambda old, new: console.print(
+                f"policy reloaded: v{old} -> v{new} (at a turn boundary)"))
+        if daemon["max_pending"] is not None or daemon["max_staleness"] is not None:
+            gate = Backpressure(
+                daemon["run"], cfg.group_size, pol,
+                in_flight=lambda: stats.groups_started * cfg.group_size - writer.rows_written,
+                max_pending=daemon["max_pending"], max_staleness=daemon["max_staleness"], poll_s=daemon["poll"],
+                follower=follower, flush=writer.flush, log=lambda line: console.print(line, markup=False))
+
     started = time.monotonic()
+    total = None if epochs is None else len(task_list) * epochs
     with Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("groups"),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
                   disable=quiet, transient=False) as progress:
-        bar = progress.add_task("rollout", total=len(task_list), detail="")
+        bar = progress.add_task("rollout", total=total, detail="")
 
         async def refresh() -> None:
             while True:
                 progress.update(bar, completed=stats.groups_done, detail=(
-                    f"in flight {stats.in_flight:3d}  {stats.tokens_per_s():6.1f} tok/s  "
+                    (f"epoch {stats.epoch}  v{pol.version}  " if daemon else "")
+                    + f"in flight {stats.in_flight:3d}  {stats.tokens_per_s():6.1f} tok/s  "
                     f"env {stats.mean_env_latency_s() * 1e3:6.1f} ms  errors {stats.errors}"
                     + (f"  last: {stats.last_error[:60]}" if stats.last_error else "")))
                 await asyncio.sleep(0.5)
 
         ticker = asyncio.ensure_future(refresh())
         try:
-            await rollout(task_list, pol, env_factory, cfg, sink, stats=stats, stop=stop)
+            await rollout(task_list, pol, env_factory, cfg, sink, stats=stats, stop=stop,
+                          turn_hook=follower.maybe_reload if follower else None, epochs=epochs,
+                          before_group=gate.wait if gate else None)
             await writer.flush()
         finally:
             ticker.cancel()
@@ -226,10 +305,22 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     elapsed = time.monotonic() - started
-    return {
+    summary = {
         "groups": stats.groups_done, "trajectories": stats.trajectories_done, "status": status,
         "shards_written": len(writer.written), "shards": writer.written, "rows_written": writer.rows_written,
         "generated_tokens": stats.generated_tokens, "generated_tokens_per_s": stats.generated_tokens / max(elapsed, 1e-9),
         "mean_env_latency_s": stats.mean_env_latency_s(), "env_calls": stats.env_calls, "errors": stats.errors,
         "seconds": elapsed, "interrupted": stop.is_set(), "backend_metrics": backend_metrics,
+        "epochs": stats.epochs_done, "policy_version": pol.version,
+        "last_error": stats.last_error or (follower.last_error if follower else None),
     }
+    if daemon is not None:
+        summary["reloads"] = follower.reloads if follower else 0
+        if gate is not None:
+            summary.update({
+                "backpressure_wait_s": sum(gate.waited_s.values()), "backlog_wait_s": gate.waited_s["backlog"],
+                "staleness_wait_s": gate.waited_s["staleness"], "backlog_waits": gate.waits["backlog"],
+                "staleness_waits": gate.waits["staleness"], "max_backlog": gate.max_backlog,
+                "max_staleness_at_start": gate.max_staleness_started,
+            })
+    return summary

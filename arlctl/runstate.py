@@ -1,0 +1,418 @@
+"""The state of a run directory at a glance: what waits where, versions, backlog, staleness, reward.
+
+`run_state(RUN)` reads only what the stages already write (DESIGN.md §5) — shard footers (row counts and
+lineage), a few small columns, checkpoints' state.json, policy/LATEST, RUN/metrics — from a local path or
+any fsspec URL, and returns a plain dict (what `arlctl status --json` prints). `render(state)` turns it
+into the compact Rich panel that `arlctl status` prints and `arlctl up`'s live dashboard redraws.
+
+Definitions (the rollout daemon's backpressure uses the same numbers, see README "Running as daemons"):
+  consumed     a rollouts/ shard is consumed once a rewarded/ shard names it in its lineage; a rewarded/
+               shard once a finished filter invocation names it (its manifest in batches/_filter/, or
+               all of its batches visible: a half-written invocation has not consumed its inputs yet);
+               a batches/ shard once the newest checkpoint's state.json lists it in consumed_batches.
+  backlog      trajectories (rows) not yet trained: rows of unconsumed rollouts/ + rewarded/ + batches/
+               shards, plus `in_flight` (rows a rollout process has started but not yet committed).
+               Rows the filter drops leave the backlog when the filter consumes their shard.
+  trainer_version   max(newest complete checkpoint step, version that policy/LATEST names).
+  staleness    trained rows: (step - 1) - policy_version for a row trained at optimizer step `step` (the
+               weights it updated had seen step - 1 batches; policy_version is the row's first, oldest
+               turn). Waiting rows: trainer_version - policy_version.
+
+Shards are immutable, so each footer and column read is cached in a `ShardCache` that a caller polling
+repeatedly (the rollout daemon, the dashboard) keeps between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from arlctl.io.fs import basename, get_fs, join
+from arlctl.io.layout import RunDir
+from arlctl.io.shards import LINEAGE_KEY, Lineage, scan
+
+FILTER_MANIFESTS = "_filter"  # stages/filter.py MANIFEST_DIR: one JSON per finished filter invocation
+STAGES = ("rollout", "reward", "filter", "train", "sync")
+
+
+# ------------------------------------------------------------------------------------------ shard reads
+@dataclass(frozen=True)
+class Footer:
+    rows: int
+    lineage: Lineage | None
+    corrupt: bool = False
+
+
+class ShardCache:
+    """Footers and small columns of shards, keyed by URL. Committed shards never change, so each is read
+    once; a re-run that overwrites a 1:1 output with the same name writes the same content."""
+
+    def __init__(self) -> None:
+        self._footers: dict[str, Footer] = {}
+        self._columns: dict[tuple[str, tuple[str, ...]], pa.Table | None] = {}
+
+    def footer(self, url: str) -> Footer:
+        if url not in self._footers:
+            self._footers[url] = _read_footer(url)
+        return self._footers[url]
+
+    def columns(self, url: str, names: tuple[str, ...]) -> pa.Table | None:
+        key = (url, names)
+        if key not in self._columns:
+            try:
+                fs, path = get_fs(url)
+                with fs.open(path, "rb") as fh:
+                    self._columns[key] = pq.read_table(fh, columns=list(names))
+            except Exception:  # corrupt or vanished: the footer read reports it
+                self._columns[key] = None
+        return self._columns[key]
+
+
+def _read_footer(url: str) -> Footer:
+    try:
+        fs, path = get_fs(url)
+        with fs.open(path, "rb") as fh:
+            meta = pq.ParquetFile(fh).metadata
+        raw = (meta.metadata or {}).get(LINEAGE_KEY)
+        return Footer(meta.num_rows, Lineage.from_json(raw) if raw else None)
+    except Exception:
+        return Footer(0, None, corrupt=True)
+
+
+# ------------------------------------------------------------------------------------ trainer and policy
+def trainer_progress(ckpt_url: str) -> dict[str, Any]:
+    """The newest complete checkpoint (a step-NNNNNN/ with state.json): step, consumed batches, count."""
+    fs, path = get_fs(ckpt_url)
+    steps: list[tuple[int, str]] = []
+    if fs.exists(path):
+        for entry in fs.ls(path, detail=False):
+            name = basename(entry)
+            if name.startswith("step-") and name[5:].isdigit():
+                steps.append((int(name[5:]), entry))
+    for step, entry in sorted(steps, reverse=True):
+        state_path = f"{entry.rstrip('/')}/state.json"
+        try:
+            state = json.loads(fs.cat_file(state_path))
+        except (FileNotFoundError, ValueError):
+            continue  # being written (object stores) or incomplete: not a checkpoint yet
+        try:
+            saved_at = float(fs.info(state_path).get("mtime") or 0) or None
+        except Exception:
+            saved_at = None
+        return {"step": int(state.get("step", step)), "consumed_batches": list(state.get("consumed_batches", [])),
+                "checkpoints": len(steps), "saved_at": saved_at}
+    return {"step": None, "consumed_batches": [], "checkpoints": len(steps), "saved_at": None}
+
+
+def published_policy(policy_url: str) -> dict[str, Any]:
+    """What policy/LATEST names: version number (None when nothing is published), name, publish time."""
+    fs, path = get_fs(policy_url)
+    versions = []
+    if fs.exists(path):
+        versions = [basename(e) for e in fs.ls(path, detail=False)
+                    if basename(e).startswith("v") and basename(e)[1:].isdigit()]
+    try:
+        name = fs.cat_file(f"{path.rstrip('/')}/LATEST").decode().strip()
+    except FileNotFoundError:
+        return {"version": None, "name": None, "published_at": None, "versions": len(versions)}
+    if not (name.startswith("v") and name[1:].isdigit()):
+        return {"version": None, "name": name, "published_at": None, "versions": len(versions)}
+    published_at = None
+    try:
+        info = json.loads(fs.cat_file(f"{path.rstrip('/')}/{name}/version.json"))
+        published_at = info.get("created_at")
+    except (FileNotFoundError, ValueError):
+        pass
+    return {"version": int(name[1:]), "name": name, "published_at": published_at, "versions": len(versions)}
+
+
+# ---------------------------------------------------------------------------------------------- scanning
+@dataclass
+class _Dir:
+    shards: list[str]  # visible shard URLs, name order
+    consumed: set[str]  # basenames consumed by the next stage
+
+    def waiting(self) -> list[str]:
+        return [u for u in self.shards if basename(u) not in self.consumed]
+
+
+def _consumed_by(out_url: str, cache: ShardCache) -> set[str]:
+    consumed: set[str] = set()
+    for shard in scan(out_url).shards:
+        lineage = cache.footer(shard).lineage
+        if lineage:
+            consumed.update(basename(i) for i in lineage.inputs)
+    return consumed
+
+
+def _consumed_by_filter(batches_url: str, cache: ShardCache) -> set[str]:
+    """Rewarded shards a filter invocation consumed: named by its finished manifest, or by its batches once
+    all of them are visible. One invocation writes its batches one by one, each naming every input; counting
+    the inputs consumed at the first batch would hide the rows of the batches still to come."""
+    consumed = _filter_manifest_inputs(batches_url)
+    parts: dict[str, set[Any]] = {}
+    expected: dict[str, int] = {}
+    inputs: dict[str, list[str]] = {}
+    for shard in scan(batches_url).shards:
+        lineage = cache.footer(shard).lineage
+        if lineage is None:
+            continue
+        invocation = lineage.extra.get("invocation")
+        if invocation is None:  # not written by `arlctl filter`: its own lineage is the whole story
+            consumed.update(basename(i) for i in lineage.inputs)
+            continue
+        parts.setdefault(invocation, set()).add(lineage.extra.get("part"))
+        expected[invocation] = int(lineage.extra.get("parts") or 1)
+        inputs[invocation] = lineage.inputs
+    for invocation, seen in parts.items():
+        if len(seen) >= expected[invocation]:
+            consumed.update(basename(i) for i in inputs[invocation])
+    return consumed
+
+
+def _filter_manifest_inputs(batches_url: str) -> set[str]:
+    fs, path = get_fs(join(batches_url, FILTER_MANIFESTS))
+    consumed: set[str] = set()
+    if fs.exists(path):
+        for entry in fs.ls(path, detail=False):
+            if entry.endswith(".json"):
+                try:
+                    consumed.update(json.loads(fs.cat_file(entry)).get("inputs", []))
+                except (FileNotFoundError, ValueError):
+                    continue
+    return consumed
+
+
+def _scan(run: str, cache: ShardCache) -> dict[str, Any]:
+    rd = RunDir(run)
+    trainer = trainer_progress(rd.checkpoints)
+    policy = published_policy(rd.policy)
+    rewarded_shards = scan(rd.rewarded).shards
+    batch_shards = scan(rd.batches).shards
+    dirs = {
+        "rollouts": _Dir(scan(rd.rollouts).shards, _consumed_by(rd.rewarded, cache)),
+        "rewarded": _Dir(rewarded_shards, _consumed_by_filter(rd.batches, cache)),
+        "batches": _Dir(batch_shards, set(trainer["consumed_batches"])),
+    }
+    versions = [v for v in (trainer["step"], policy["version"]) if v is not None]
+    return {"dirs": dirs, "trainer": trainer, "policy": policy,
+            "trainer_version": max(versions) if versions else 0}
+
+
+def _rows(urls: list[str], cache: ShardCache) -> int:
+    return sum(cache.footer(u).rows for u in urls)
+
+
+def backlog(run: str, cache: ShardCache | None = None, in_flight: int = 0) -> dict[str, Any]:
+    """The untrained backlog in trajectories (see the module docstring) and the trainer's version."""
+    cache = cache or ShardCache()
+    scanned = _scan(run, cache)
+    return _backlog(scanned, cache, in_flight)
+
+
+def _backlog(scanned: dict[str, Any], cache: ShardCache, in_flight: int) -> dict[str, Any]:
+    counts = {name: _rows(d.waiting(), cache) for name, d in scanned["dirs"].items()}
+    return {**counts, "in_flight": in_flight, "total": sum(counts.values()) + in_flight,
+            "trainer_version": scanned["trainer_version"], "policy_version": scanned["policy"]["version"],
+            "trainer_step": scanned["trainer"]["step"]}
+
+
+# --------------------------------------------------------------------------------------------- the state
+def run_state(run: str, cache: ShardCache | None = None, recent: int = 10, in_flight: int = 0) -> dict[str, Any]:
+    """Everything `arlctl status` shows, as a JSON-able dict (see the module docstring for definitions)."""
+    cache = cache or ShardCache()
+    scanned = _scan(run, cache)
+    dirs, trainer, policy = scanned["dirs"], scanned["trainer"], scanned["policy"]
+
+    def last_time(urls: list[str]) -> float | None:
+        times = [lin.created_at for u in urls if (lin := cache.footer(u).lineage) is not None]
+        return max(times) if times else None
+
+    def shard_dir(urls: list[str]) -> dict[str, Any]:
+        return {"output_shards": len(urls), "output_rows": _rows(urls, cache), "last_output_at": last_time(urls)}
+
+    def waiting(d: _Dir) -> dict[str, Any]:
+        pending = d.waiting()
+        return {"waiting_shards": len(pending), "waiting_rows": _rows(pending, cache)}
+
+    checkpoints_ahead = (trainer["step"] or 0) > (policy["version"] or 0)
+    stages = {
+        "rollout": {**shard_dir(dirs["rollouts"].shards)},
+        "reward": {**waiting(dirs["rollouts"]), **shard_dir(dirs["rewarded"].shards)},
+        "filter": {**waiting(dirs["rewarded"]), **shard_dir(dirs["batches"].shards)},
+        "train": {**waiting(dirs["batches"]), "output_checkpoints": trainer["checkpoints"], "step": trainer["step"],
+                  "last_output_at": trainer["saved_at"]},
+        "sync": {"waiting_shards": int(checkpoints_ahead), "output_versions": policy["versions"],
+                 "version": policy["version"], "last_output_at": policy["published_at"]},
+    }
+    corrupt = [basename(u) for d in dirs.values() for u in d.shards if cache.footer(u).corrupt]
+    return {
+        "run": run,
+        "time": time.time(),
+        "policy_version": policy["version"],
+        "trainer_step": trainer["step"],
+        "trainer_version": scanned["trainer_version"],
+        "backlog": _backlog(scanned, cache, in_flight),
+        "stages": stages,
+        "staleness": _staleness(scanned, cache),
+        "reward_trend": _reward_trend(dirs["rewarded"].shards, cache, recent),
+        "errors": _errors(RunDir(run).metrics, cache),
+        "corrupt_shards": corrupt,
+    }
+
+
+def _histogram(lags: list[int]) -> dict[str, Any]:
+    if not lags:
+        return {"rows": 0, "max": None, "mean": None, "hist": {}}
+    return {"rows": len(lags), "max": max(lags), "mean": sum(lags) / len(lags),
+            "hist": {str(k): v for k, v in sorted(Counter(lags).items())}}
+
+
+def _staleness(scanned: dict[str, Any], cache: ShardCache) -> dict[str, Any]:
+    """Trained rows: (step - 1) - policy_version per row; waiting rows: trainer_version - policy_version."""
+    batches_by_name = {basename(u): u for u in scanned["dirs"]["batches"].shards}
+    trained: list[int] = []
+    per_step: list[dict[str, Any]] = []
+    for index, name in enumerate(scanned["trainer"]["consumed_batches"]):
+        url = batches_by_name.get(name)
+        table = cache.columns(url, ("policy_version",)) if url else None
+        if table is None:
+            continue
+        lags = [index - int(v) for v in table.column("policy_version").to_pylist()]  # step - 1 == index
+        trained += lags
+        per_step.append({"step": index + 1, "max": max(lags, default=None), "min": min(lags, default=None)})
+    waiting: list[int] = []
+    for d in scanned["dirs"].values():
+        for url in d.waiting():
+            table = cache.columns(url, ("policy_version",))
+            if table is not None:
+                waiting += [scanned["trainer_version"] - int(v) for v in table.column("policy_version").to_pylist()]
+    return {"trained": {**_histogram(trained), "per_step": per_step[-20:]}, "waiting": _histogram(waiting)}
+
+
+def _reward_trend(rewarded: list[str], cache: ShardCache, recent: int) -> dict[str, Any]:
+    """Mean reward of the newest `recent` rewarded shards, and per behaviour policy version (all shards)."""
+    per_shard, by_version = [], {}
+    for i, url in enumerate(rewarded):
+        table = cache.columns(url, ("reward", "policy_version"))
+        if table is None:
+            continue
+        rewards = table.column("reward").to_pylist()
+        for reward, version in zip(rewards, table.column("policy_version").to_pylist()):
+            if reward is not None:
+                total = by_version.setdefault(int(version), [0.0, 0])
+                total[0] += reward
+                total[1] += 1
+        if i >= len(rewarded) - recent:
+            scored = [r for r in rewards if r is not None]
+            lineage = cache.footer(url).lineage
+            per_shard.append({"shard": basename(url), "rows": len(rewards),
+                              "mean_reward": sum(scored) / len(scored) if scored else None,
+                              "created_at": lineage.created_at if lineage else None})
+    per_version = [{"policy_version": v, "rows": n, "mean_reward": s / n} for v, (s, n) in sorted(by_version.items())]
+    return {"per_shard": per_shard, "per_version": per_version}
+
+
+def _errors(metrics_url: str, cache: ShardCache) -> dict[str, Any]:
+    """Per stage, from its newest metrics file that has error columns: the error count and the last error."""
+    newest: dict[str, str] = {}
+    for url in scan(metrics_url).shards:  # names sort by time within a stage prefix
+        stage = basename(url).split("-", 1)[0]
+        if stage in STAGES:
+            newest[stage] = url
+    out: dict[str, Any] = {}
+    for stage, url in newest.items():
+        try:
+            fs, path = get_fs(url)
+            with fs.open(path, "rb") as fh:
+                names = pq.ParquetFile(fh).schema_arrow.names
+        except Exception:
+            continue
+        wanted = tuple(n for n in ("errors", "last_error") if n in names)
+        table = cache.columns(url, wanted) if wanted else None
+        if table is None or table.num_rows == 0:
+            continue
+        row = table.to_pylist()[-1]
+        out[stage] = {"errors": row.get("errors"), "last_error": row.get("last_error"), "file": basename(url)}
+    return out
+
+
+# -------------------------------------------------------------------------------------------- rendering
+def _ago(stamp: float | None, now: float) -> str:
+    if not stamp:
+        return "-"
+    seconds = max(0.0, now - stamp)
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago" if seconds < 7200 \
+        else f"{seconds / 3600:.1f}h ago"
+
+
+def render(state: dict[str, Any], stage_status: dict[str, str] | None = None) -> Any:
+    """A compact Rich panel of `state`; `stage_status` (e.g. from `arlctl up`) adds a state column."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    now = state.get("time") or time.time()
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("stage")
+    if stage_status is not None:
+        table.add_column("state")
+    for name in ("waiting shards/rows", "output", "last output", "errors"):
+        table.add_column(name, justify="left" if name == "errors" else "right")
+    for stage in STAGES:
+        info = state["stages"][stage]
+        if stage == "train":
+            output = f"step {info['step'] if info['step'] is not None else '-'}"
+        elif stage == "sync":
+            output = f"v{info['version']}" if info["version"] is not None else "-"
+        else:
+            output = f"{info['output_shards']}/{info['output_rows']}"
+        if "waiting_rows" in info:
+            waiting = f"{info['waiting_shards']}/{info['waiting_rows']}"
+        elif stage == "sync":
+            waiting = "new ckpt" if info["waiting_shards"] else "0"
+        else:
+            waiting = "-"
+        err = state.get("errors", {}).get(stage) or {}
+        errors = str(err.get("errors") or 0) + (f"  {str(err['last_error'])[:50]}" if err.get("last_error") else "")
+        cells = [stage] + ([stage_status.get(stage, "-")] if stage_status is not None else [])
+        table.add_row(*cells, waiting, output, _ago(info.get("last_output_at"), now), errors)
+
+    b, st = state["backlog"], state["staleness"]
+    trained, waiting_lag = st["trained"], st["waiting"]
+    rewards = [p["mean_reward"] for p in state["reward_trend"]["per_shard"] if p["mean_reward"] is not None]
+    versions = state["reward_trend"]["per_version"][-4:]
+    lines = [
+        f"policy v{state['policy_version'] if state['policy_version'] is not None else '-'}   "
+        f"trainer step {state['trainer_step'] if state['trainer_step'] is not None else '-'}   "
+        f"backlog {b['total']} rows (rollouts {b['rollouts']}, rewarded {b['rewarded']}, batches {b['batches']}"
+        + (f", in flight {b['in_flight']}" if b["in_flight"] else "") + ")",
+        f"staleness trained: max {trained['max'] if trained['max'] is not None else '-'} "
+        f"mean {_fmt(trained['mean'])} {_hist(trained['hist'])}   "
+        f"waiting: max {waiting_lag['max'] if waiting_lag['max'] is not None else '-'} {_hist(waiting_lag['hist'])}",
+        "reward recent shards: " + (" ".join(f"{r:.2f}" for r in rewards) or "-")
+        + ("   by version: " + " ".join(f"v{p['policy_version']}={p['mean_reward']:.2f}" for p in versions)
+           if versions else ""),
+    ]
+    if state.get("corrupt_shards"):
+        lines.append(f"[red]corrupt shards: {', '.join(state['corrupt_shards'][:3])}[/]")
+    return Panel(Group(table, *[Text.from_markup(line) for line in lines]), title=f"arlctl run {state['run']}",
+                 title_align="left")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _hist(hist: dict[str, int]) -> str:
+    return "{" + ", ".join(f"{k}:{v}" for k, v in hist.items()) + "}" if hist else ""
+
+
+__all__ = ["Footer", "ShardCache", "backlog", "published_policy", "render", "run_state", "trainer_progress"]
