@@ -10,6 +10,14 @@ pid 1), so a daemonised grandchild never outlives its exec. Going through the at
 `exec_run` costs one round trip on an open connection rather than a runc exec (~2 ms instead of
 ~100 ms). Files go in and out as exec stdin/stdout, because the archive API refuses read-only containers.
 
+Limits hit: a fork bomb meets the pids limit and the per-exec cleanup then kills it, so the exit code
+alone does not tell. After each command the backend reads the container's own cgroup counters, pids.events
+`max` (forks refused) and the OOM-kill count, and a change taints the sandbox (`taint_reason` says which)
+so the pool replaces it, as the bwrap backend does with its own cgroup. The counters are read on the
+host's cgroup fs (v1 or v2, found through /proc/<container pid>/cgroup) when the engine is local; where
+it is not (a remote or rootless engine) they are read inside the container after any command that
+failed or wrote to stderr.
+
 The image is configurable (`image`, `python`, `user`, `workdir`; SWE-bench instance images work when they
 have python3); the default `arlctl/sandbox-base:1` is built by .ci/docker_setup.sh (Debian with python3,
 python3-pytest and git). Engine: `docker_host`, else $DOCKER_HOST, else /run/arlctl-docker.sock when it
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import math
 import os
 import socket
@@ -31,6 +40,9 @@ from pathlib import Path
 
 from arlctl.sandbox._channel import ExecChannel, exec_request, raw_stdout, to_result
 from arlctl.sandbox.base import ExecResult, SandboxError
+from arlctl.sandbox.cgroups import SandboxCgroup
+
+log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "arlctl/sandbox-base:1"
 PRIVATE_SOCKET = "/run/arlctl-docker.sock"
@@ -59,6 +71,62 @@ def docker_client(docker_host: str | None = None, timeout: float = 60.0):
             hint="run .ci/docker_setup.sh and export the DOCKER_HOST it prints",
         ) from e
     return client
+
+
+def _cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(mount point, root within the hierarchy, fstype, super options) of this process's cgroup mounts."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, _source, super_opts = (right.split() + ["", "", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                fields = left.split()
+                out.append((fields[4], fields[3], fstype, set(super_opts.split(","))))
+    return out
+
+
+def host_cgroup(pid: int) -> SandboxCgroup | None:
+    """The cgroup directories (pids and memory; v1 or v2) of host process `pid` on this host's cgroup fs,
+    or None when they are not visible from here (no such pid, another cgroup namespace, no mount)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+        mounts = _cgroup_mounts()
+    except OSError:
+        return None
+
+    def on_host(path: str, fstype: str, controller: str) -> str | None:
+        for mount, root, kind, opts in mounts:
+            if kind != fstype or (controller and controller not in opts):
+                continue
+            rel = (
+                path
+                if root == "/"
+                else (path[len(root) :] if path.startswith(root.rstrip("/") + "/") else None)
+            )
+            if rel is not None and os.path.isdir(found := os.path.join(mount, rel.lstrip("/"))):
+                return found
+        return None
+
+    v1 = {c: p for _hid, controllers, p in entries for c in controllers.split(",") if c}
+    dirs = [d for c in ("pids", "memory") if c in v1 and (d := on_host(v1[c], "cgroup", c))]
+    if dirs:
+        return SandboxCgroup(dirs=dirs, version="v1")
+    unified = next((p for _hid, controllers, p in entries if not controllers), None)
+    if unified is not None and (d := on_host(unified, "cgroup2", "")):
+        return SandboxCgroup(dirs=[d], version="v2")
+    return None
+
+
+# Inside the container, its own cgroup is mounted read-only at /sys/fs/cgroup (v1: one dir per controller).
+# Shell builtins only: right after a fork bomb there may be no pid to spare for sed or cat.
+_COUNTERS_INSIDE = (
+    "for f in /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/pids.events; do [ -r $f ] && "
+    "while read k v; do [ $k = max ] && echo pids $v; done < $f && break; done; "
+    "for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r $f ] && "
+    "while read k v; do [ $k = oom_kill ] && echo oom $v; done < $f && break; done; echo ok"
+)
 
 
 def _tar_of(directory: str | None, uid: int, gid: int) -> bytes:
@@ -123,6 +191,9 @@ class DockerSandbox:
         self.env = {"HOME": "/tmp", "LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})}
         self.docker_host, self.max_output_bytes = docker_host, max_output_bytes
         self.tainted = False
+        self.taint_reason: str | None = None  # why it was tainted: timeout, unresponsive, oom, pids_limit
+        self.limits_hit = (0, 0)  # (OOM kills, forks refused by the pids limit) seen so far
+        self.cgroup: SandboxCgroup | None = None  # the container's cgroup on the host fs, when visible
         self.container = None
         self._client = None
         self._sock: socket.socket | None = None
@@ -153,6 +224,7 @@ class DockerSandbox:
             raise SandboxError(f"docker sandbox failed to start: {logs or e}") from e
         if not hello.get("ready"):
             raise SandboxError(f"docker sandbox failed to start: {hello}")
+        self.cgroup = await asyncio.to_thread(self._find_cgroup)
         await self._restore()
 
     def _create_and_attach(self) -> int:
@@ -192,6 +264,9 @@ class DockerSandbox:
                 f"could not create a container from {self.image}: {e}",
                 hint="build the image with .ci/docker_setup.sh or pass --image",
             ) from e
+        if self._closed:  # closed (a cancelled start) while this thread was creating: close() saw nothing
+            self._remove_quietly()
+            raise SandboxError("docker sandbox closed while starting")
         raw = getattr(attached, "_sock", attached)
         fd = os.dup(raw.fileno())  # our own handle: the SDK may close its objects when collected
         self._attached = attached
@@ -203,6 +278,41 @@ class DockerSandbox:
             return f"container {self.container.status}: {self.container.attrs['State'].get('Error', '')}"
         except Exception:
             return ""
+
+    def _find_cgroup(self) -> SandboxCgroup | None:
+        try:
+            self.container.reload()
+            pid = int(self.container.attrs["State"]["Pid"])
+        except Exception:
+            return None
+        group = host_cgroup(pid) if pid > 0 else None
+        if group is None:
+            log.debug(
+                "docker sandbox %s: cgroup not visible on this host; limits read inside", self.container.id
+            )
+        return group
+
+    async def _limit_counters(self, suspect: bool) -> tuple[int, int] | None:
+        """(OOM kills, pids-limit hits) of the container so far, or None where they cannot be read now."""
+        if self.cgroup is not None:
+            return self.cgroup.oom_kills(), self.cgroup.pids_limit_hits()
+        if not suspect:  # reading inside costs an exec: only after a failure or output on stderr
+            return None
+        for attempt in range(5):  # the bomb's last processes may still hold every pid for a moment
+            try:
+                reply = await self._call(["/bin/sh", "-c", _COUNTERS_INSIDE], 10, None, 1 << 12)
+            except (TimeoutError, SandboxError):
+                return None
+            lines = raw_stdout(reply).decode().splitlines()
+            if lines[-1:] == ["ok"]:
+                counters = dict(line.split() for line in lines if line.count(" ") == 1)
+                return int(counters.get("oom", 0)), int(counters.get("pids", 0))
+            await asyncio.sleep(0.05 * (attempt + 1))
+        return None
+
+    def _taint(self, reason: str) -> None:
+        if not self.tainted:
+            self.tainted, self.taint_reason = True, reason
 
     def _kill_container(self) -> None:
         try:
@@ -219,7 +329,11 @@ class DockerSandbox:
         try:
             return await self._chan.call(request, timeout + _BACKSTOP_S)
         except (TimeoutError, SandboxError):
-            self.tainted = True
+            # The exec server hung or died: a fork bomb that starved it shows in the counters, if they
+            # are still there (when pid 1 dies the container's cgroup goes with it).
+            if self.cgroup is not None and self.cgroup.pids_limit_hits() > self.limits_hit[1]:
+                self._taint("pids_limit")
+            self._taint("unresponsive")
             await asyncio.to_thread(self._kill_container)
             raise
 
@@ -241,8 +355,23 @@ class DockerSandbox:
                     timed_out=True,
                     duration_s=time.monotonic() - started,
                 )
-        if reply.get("timed_out") or reply.get("exit") in (137, -9):
-            self.tainted = True  # killed by the timeout or the OOM killer: do not reuse
+            # A command that hit the memory or pids limit spoils the sandbox: the pool replaces it.
+            # (A refused fork always says so on stderr, even when the command's own exit code is 0.)
+            suspect = reply.get("exit") != 0 or bool(reply.get("timed_out") or reply.get("stderr"))
+            counters = await self._limit_counters(suspect)
+        if counters is not None and any(now > before for now, before in zip(counters, self.limits_hit)):
+            oom = counters[0] > self.limits_hit[0]
+            self.limits_hit = counters
+            self._taint("oom" if oom else "pids_limit")
+            log.warning(
+                "docker sandbox %s hit its %s limit; it will be replaced",
+                self.container.short_id,
+                "memory" if oom else f"process ({self.pids_max} pids)",
+            )
+        if reply.get("timed_out"):
+            self._taint("timeout")
+        elif reply.get("exit") in (137, -9):
+            self._taint("killed")  # SIGKILLed: the OOM killer, most likely; do not reuse
         return to_result(reply, started, self.max_output_bytes)
 
     async def put_file(self, path: str, data: bytes) -> None:
@@ -294,9 +423,12 @@ class DockerSandbox:
         if self._chan is not None:
             self._chan.writer.close()
         if self.container is not None:
-            try:
-                await asyncio.to_thread(self.container.remove, force=True)
-            except Exception:
-                pass
+            await asyncio.to_thread(self._remove_quietly)
         if self._client is not None:
             self._client.close()
+
+    def _remove_quietly(self) -> None:
+        try:
+            self.container.remove(force=True)
+        except Exception:
+            pass

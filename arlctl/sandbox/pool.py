@@ -9,8 +9,9 @@
 Release never blocks the caller: the returned sandbox is reset (workspace back to its pristine snapshot,
 leftover processes killed) in the background and only then goes back to the idle queue. A sandbox that
 timed out, was OOM-killed, raised SandboxError or fails its health check is closed and replaced by a
-fresh one rather than reused. Waiting for a free sandbox is bounded (`max_wait_s`); the time every
-acquire spent queued is recorded.
+fresh one rather than reused; `stats().replacement_causes` counts why (the backend's `taint_reason`
+where it has one: timeout, oom, pids_limit, ...; else tainted, error, reset_failed, health_check).
+Waiting for a free sandbox is bounded (`max_wait_s`); the time every acquire spent queued is recorded.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arlctl.errors import TransientError
 from arlctl.sandbox.base import Sandbox, SandboxError
@@ -45,6 +46,7 @@ class PoolStats:
     resets: int
     health_failures: int
     create_failures: int
+    replacement_causes: dict[str, int] = field(default_factory=dict)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -71,6 +73,7 @@ class SandboxPool:
         self._background: set[asyncio.Task] = set()
         self._waits_s: deque[float] = deque(maxlen=100_000)
         self._acquires = self._replacements = self._resets = self._health_failures = self._create_failures = 0
+        self._causes: Counter[str] = Counter()
         self._closed = False
 
     async def start(self) -> SandboxPool:
@@ -127,7 +130,7 @@ class SandboxPool:
                 self._acquires += 1
                 return sb
             self._health_failures += 1
-            self._spawn(self._replace(sb))
+            self._spawn(self._replace(sb, "health_check"))
 
     async def _healthy(self, sb: Sandbox) -> bool:
         check = getattr(sb, "health", None)
@@ -155,11 +158,15 @@ class SandboxPool:
                 return
             except Exception as e:
                 log.warning("sandbox reset failed (%s); replacing it", e)
-        await self._replace(sb)
+                await self._replace(sb, "reset_failed")
+                return
+        tainted = "tainted" if getattr(sb, "tainted", False) else "error"
+        await self._replace(sb, getattr(sb, "taint_reason", None) or tainted)
 
-    async def _replace(self, sb: Sandbox) -> None:
+    async def _replace(self, sb: Sandbox, cause: str) -> None:
         self._all.discard(sb)
         self._replacements += 1
+        self._causes[cause] += 1
         await _close_quietly(sb)
         delay = 0.1
         while not self._closed:
@@ -196,6 +203,7 @@ class SandboxPool:
             resets=self._resets,
             health_failures=self._health_failures,
             create_failures=self._create_failures,
+            replacement_causes=dict(self._causes),
         )
 
     async def close(self) -> None:

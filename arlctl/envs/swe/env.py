@@ -6,9 +6,11 @@ Two action styles:
   mode="text"             mini-swe-agent style: exactly one ```bash block per turn; the command
                           `echo SUBMIT` (or `submit`) ends the episode.
 The workspace is the task's one-commit snapshot (tasks.prepare_snapshot) in a sandbox leased from a
-warm pool. Tool failures are observations, never exceptions. On submit (and from `final_state()` when
-the loop ends otherwise) the episode's artifact is the diff of the workspace against the snapshot's
-commit, new files included, computed with a private git index so the agent's .git edits cannot hide it.
+warm pool; for an image task (docker only) the sandbox runs the task's image with the snapshot
+mounted over its repo_dir. Tool failures are observations, never exceptions. On submit (and from
+`final_state()` when the loop ends otherwise) the episode's artifact is the diff of the workspace
+against the snapshot's commit, new files included, computed with a private git index so the agent's
+.git edits cannot hide it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from arlctl.envs.base import Action, EnvReset, StepResult, ToolCall
 from arlctl.envs.swe.sandboxes import Lease, Provider, shared_provider
-from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot
+from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot, sandbox_options
 from arlctl.envs.swe.tools import HANDLERS
 from arlctl.errors import TerminalError, UsageError
 from arlctl.tools.bash_blocks import parse_bash_blocks
@@ -103,9 +105,11 @@ class SweEnv:
         if not isinstance(task.get("problem_statement"), str):
             raise TerminalError(f"swe task {task.get('task_id')!r} has no problem_statement")
         await self._release()
+        # Image tasks (SWE-bench images) need the docker backend; this refuses them elsewhere, clearly.
+        options = await asyncio.to_thread(sandbox_options, task, self.kind)
         snapshot = await asyncio.to_thread(prepare_snapshot, task)
         provider = self.provider or shared_provider(self.kind, self.sandboxes, self.insecure, **self.limits)
-        self.lease = await provider.acquire(snapshot)
+        self.lease = await (provider.acquire(snapshot, options) if options else provider.acquire(snapshot))
         self.task = task
         head = await self.sandbox.exec(_git("rev-parse HEAD"), timeout=self.command_timeout)
         self.base_commit = head.stdout.strip() or "HEAD"

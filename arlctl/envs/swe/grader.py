@@ -4,7 +4,9 @@
 
 1. Filter the diff (diffs.py): edits to tests, conftest.py, pytest configuration, import hooks, git
    metadata, binaries and symlinks are dropped and flagged as tamper in info.
-2. Start a FRESH sandbox on the task's pristine snapshot; no model code has run in it.
+2. Start a FRESH sandbox on the task's pristine snapshot; no model code has run in it. An image task
+   (SWE-bench image) is graded in a fresh container of its own image, the pristine one-commit export
+   of its repo_dir mounted over that directory (docker only; see tasks.py).
 3. Inside it, the driver (harness/driver.py) applies the diff, restores the test files test_patch
    touches and applies test_patch (the hidden tests), hashes the expected test files, and runs pytest
    with --noconftest, -c /dev/null (repo config ignored), -p no:cacheprovider, plugin autoload off and
@@ -35,12 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from arlctl.envs.swe.diffs import filter_diff, paths_in
-from arlctl.envs.swe.tasks import prepare_snapshot, test_files, test_ids
+from arlctl.envs.swe.tasks import image_of, prepare_snapshot, sandbox_options, test_files, test_ids
+from arlctl.errors import UsageError
 from arlctl.sandbox.base import Sandbox
 
 REWARD_VERSION = "swe-1"
 HARNESS_DIR = Path(__file__).with_name("harness")
-SandboxFactory = Callable[[str], Awaitable[Sandbox]]  # snapshot directory -> a started sandbox
+# snapshot directory (+ the task's backend options, image tasks only) -> a started sandbox
+SandboxFactory = Callable[..., Awaitable[Sandbox]]
 
 
 def _pytest_args(task: dict[str, Any], workdir: str) -> list[str]:
@@ -144,11 +148,16 @@ def score_report(task: dict[str, Any], report: dict[str, Any], key: bytes) -> tu
 
 async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory, *, timeout: float = 120.0,
                 allow_subprocess: bool = False) -> tuple[float, dict[str, float], dict[str, Any]]:
-    """Grade one diff against the task's hidden tests in a fresh sandbox from `sandbox_factory`."""
+    """Grade one diff against the task's hidden tests in a fresh sandbox from `sandbox_factory`.
+
+    For an image task the factory is called as `factory(snapshot, image=..., workdir=..., env=...)`
+    (a docker factory: `sandbox_factory("docker")`)."""
     started = time.monotonic()
     filtered = filter_diff(diff or "")
     key, marker = secrets.token_bytes(32), f"@@arlctl-grade-{secrets.token_hex(16)}@@"
-    sandbox = await sandbox_factory(prepare_snapshot(task))
+    options = sandbox_options(task, "docker") if image_of(task) else {}
+    snapshot = prepare_snapshot(task)
+    sandbox = await (sandbox_factory(snapshot, **options) if options else sandbox_factory(snapshot))
     try:
         bundle = _bundle(task, filtered.diff, sandbox.workdir, key.hex(), marker, timeout, allow_subprocess)
         driver = (HARNESS_DIR / "driver.py").read_text(encoding="utf-8")
@@ -177,18 +186,27 @@ def bwrap_factory(**limits: Any) -> SandboxFactory:
 def sandbox_factory(kind: str = "bwrap", **limits: Any) -> SandboxFactory:
     from arlctl.sandbox import make_sandbox
 
-    async def make(snapshot: str) -> Sandbox:
-        return await make_sandbox(kind, snapshot, **limits)
+    async def make(snapshot: str, **options: Any) -> Sandbox:
+        if options and kind != "docker":
+            raise UsageError(f"an image task cannot be graded in a {kind} sandbox", hint="use sandbox=docker")
+        merged = {**limits, **options}
+        if "env" in options:
+            merged["env"] = {**(limits.get("env") or {}), **options["env"]}
+        return await make_sandbox(kind, snapshot, **merged)
 
     return make
 
 
 async def score(final_state: str | None, task: dict[str, Any], response_text: str = "", *,
-                sandbox: str = "bwrap", timeout: float = 120.0, insecure_sandbox: bool = False,
+                sandbox: str | None = None, timeout: float = 120.0, insecure_sandbox: bool = False,
                 allow_subprocess: bool = False) -> tuple[float, dict[str, float], dict[str, Any]]:
-    """The registered `--reward swe` function: final_state is the agent's diff."""
+    """The registered `--reward swe` function: final_state is the agent's diff.
+
+    sandbox: the grading backend; by default bwrap, and docker for image tasks (which refuse others)."""
+    kind = sandbox or ("docker" if image_of(task) else "bwrap")
+    sandbox_options(task, kind)  # an image task on bwrap/subprocess: a UsageError that says so
     limits: dict[str, Any] = {"insecure": True} if insecure_sandbox else {}
-    return await grade(task, final_state or "", sandbox_factory(sandbox, **limits), timeout=timeout,
+    return await grade(task, final_state or "", sandbox_factory(kind, **limits), timeout=timeout,
                        allow_subprocess=allow_subprocess)
 
 

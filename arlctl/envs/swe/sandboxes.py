@@ -1,15 +1,17 @@
 """Where SweEnv gets its sandboxes: warm pools per task snapshot, shared by every env of an event loop.
 
 The rollout makes one SweEnv per trajectory; they share a `PoolProvider` (one per event loop, kind and
-limits) that keeps one warm pool per repository snapshot, at most `max_pools` pools alive (idle ones
-are closed least recently used first), and at most `sandboxes` sandboxes held at once. Tests and callers
-may pass their own provider, or wrap one pool for a single snapshot with `SinglePool`.
+limits) that keeps one warm pool per repository snapshot (and per image, for image tasks), at most
+`max_pools` pools alive (idle ones are closed least recently used first), and at most `sandboxes`
+sandboxes held at once. Tests and callers may pass their own provider, or wrap one pool for a single
+snapshot with `SinglePool`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import OrderedDict
 from typing import Any, Protocol
 
@@ -24,7 +26,10 @@ class Lease(Protocol):
 
 
 class Provider(Protocol):
-    async def acquire(self, snapshot: str) -> Lease: ...
+    async def acquire(self, snapshot: str, options: dict[str, Any] | None = None) -> Lease:
+        """A sandbox on `snapshot`; `options` are backend options the task needs (image tasks: image,
+        workdir, env), which a provider over one fixed pool may ignore."""
+        ...
 
 
 class _PoolLease:
@@ -55,7 +60,7 @@ class SinglePool:
     def __init__(self, pool: SandboxPool):
         self.pool = pool
 
-    async def acquire(self, snapshot: str) -> Lease:
+    async def acquire(self, snapshot: str, options: dict[str, Any] | None = None) -> Lease:
         return await lease_from(self.pool)
 
 
@@ -70,44 +75,48 @@ class PoolProvider:
         self._held: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
-    async def _pool(self, snapshot: str) -> SandboxPool:
+    async def _pool(self, snapshot: str, key: str, options: dict[str, Any]) -> SandboxPool:
         from arlctl.sandbox import make_pool
 
         async with self._lock:
             # Count the hold under the lock, so eviction never closes a pool someone is about to use.
-            self._held[snapshot] = self._held.get(snapshot, 0) + 1
-            if snapshot in self._pools:
-                self._pools.move_to_end(snapshot)
-                return self._pools[snapshot]
+            self._held[key] = self._held.get(key, 0) + 1
+            if key in self._pools:
+                self._pools.move_to_end(key)
+                return self._pools[key]
             while len(self._pools) >= self.max_pools:
                 idle = next((s for s in self._pools if not self._held.get(s)), None)
                 if idle is None:
                     break
                 await self._pools.pop(idle).close()
-            pool = make_pool(self.kind, snapshot, size=self.pool_size, insecure=self.insecure, **self.limits)
+            limits = {**self.limits, **options}
+            if "env" in options:
+                limits["env"] = {**(self.limits.get("env") or {}), **options["env"]}
+            pool = make_pool(self.kind, snapshot, size=self.pool_size, insecure=self.insecure, **limits)
             try:
                 await pool.start()
             except BaseException:
-                self._held[snapshot] -= 1
+                self._held[key] -= 1
                 raise
-            self._pools[snapshot] = pool
+            self._pools[key] = pool
             return pool
 
-    async def acquire(self, snapshot: str) -> Lease:
+    async def acquire(self, snapshot: str, options: dict[str, Any] | None = None) -> Lease:
+        key = snapshot if not options else f"{snapshot}|{json.dumps(options, sort_keys=True)}"
         await self._slots.acquire()
         try:
-            pool = await self._pool(snapshot)
+            pool = await self._pool(snapshot, key, options or {})
         except BaseException:
             self._slots.release()
             raise
         try:
-            return await lease_from(pool, on_release=lambda: self._done(snapshot))
+            return await lease_from(pool, on_release=lambda: self._done(key))
         except BaseException:
-            self._done(snapshot)
+            self._done(key)
             raise
 
-    def _done(self, snapshot: str) -> None:
-        self._held[snapshot] -= 1
+    def _done(self, key: str) -> None:
+        self._held[key] -= 1
         self._slots.release()
 
     async def close(self) -> None:

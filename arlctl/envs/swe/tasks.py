@@ -8,6 +8,13 @@
 A snapshot is what the policy's sandbox starts from: the task's files at the buggy state in a git
 repository with exactly one commit, so there is no history to mine (no future commits, no gold patch,
 no hidden tests). `prepare_snapshot` builds it once per content hash under $ARLCTL_HOME/swe/snapshots.
+
+Image tasks (SWE-bench per-instance images: `image`, optional `repo_dir`, default /testbed, and no
+`repo_snapshot`) run only on the docker backend, in a container of that image with the workspace at
+`repo_dir`, because the image carries the environment the repository needs. The repository inside the
+image has its full history, so it is never shown as it is: its working tree (build outputs included,
+.git left out) is exported once per image id into a one-commit snapshot like any other, and that
+snapshot, mounted over `repo_dir`, is what both the policy's and the grader's containers start from.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import tarfile
@@ -27,6 +35,7 @@ from arlctl.errors import TerminalError, UsageError
 
 SUITE_DIR = Path(__file__).with_name("suite")
 ENV_NAME = "swe"
+DEFAULT_REPO_DIR = "/testbed"  # where SWE-bench images keep the repository
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "arlctl", "GIT_AUTHOR_EMAIL": "snapshot@arlctl", "GIT_COMMITTER_NAME": "arlctl",
     "GIT_COMMITTER_EMAIL": "snapshot@arlctl", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
@@ -107,31 +116,158 @@ def snapshot_root() -> Path:
 
 
 def prepare_snapshot(task: dict[str, Any]) -> str:
-    """Path of the task's one-commit git snapshot, built once (atomically) per content hash."""
+    """Path of the task's one-commit git snapshot, built once (atomically) per content hash
+    (per image id for image tasks)."""
+    if image_of(task):
+        return prepare_image_snapshot(task)
     with tempfile.TemporaryDirectory() as scratch:
         src = _source_dir(task, Path(scratch))
         name = f"{task.get('instance_id') or task.get('task_id')}-{_tree_hash(src)}".replace("/", "_")
-        target = snapshot_root() / name
-        if (target / ".git" / "HEAD").is_file():
-            return str(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        building = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+        return _build_snapshot(src, name)
+
+
+def _build_snapshot(src: Path, name: str) -> str:
+    target = snapshot_root() / name
+    if (target / ".git" / "HEAD").is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    try:
+        _copy_tree(src, building)
+        for args in (["init", "-q", "-b", "main"], ["add", "-A", "-f"], ["commit", "-q", "-m", "snapshot"]):
+            result = subprocess.run(["git", "-C", str(building), *args], env=_GIT_ENV, capture_output=True,
+                                    text=True)
+            if result.returncode != 0:
+                raise TerminalError(
+                    f"could not build snapshot {name}: git {args[0]}: {result.stderr.strip()}")
+        os.chmod(building, 0o755)
         try:
-            _copy_tree(src, building)
-            for args in (["init", "-q", "-b", "main"], ["add", "-A", "-f"], ["commit", "-q", "-m", "snapshot"]):
-                result = subprocess.run(["git", "-C", str(building), *args], env=_GIT_ENV, capture_output=True,
-                                        text=True)
-                if result.returncode != 0:
-                    raise TerminalError(f"could not build snapshot {name}: git {args[0]}: {result.stderr.strip()}")
-            os.chmod(building, 0o755)
-            try:
-                os.replace(building, target)
-            except OSError:  # another process built it first
-                shutil.rmtree(building, ignore_errors=True)
-        except BaseException:
+            os.replace(building, target)
+        except OSError:  # another process built it first
             shutil.rmtree(building, ignore_errors=True)
-            raise
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     return str(target)
+
+
+# ---- image tasks (docker only) -------------------------------------------------------------------------
+
+def image_of(task: dict[str, Any]) -> str | None:
+    """The docker image a task is given by, when it has no snapshot of its own."""
+    return None if task.get("repo_snapshot") else (task.get("image") or None)
+
+
+def repo_dir(task: dict[str, Any]) -> str:
+    path = str(task.get("repo_dir") or DEFAULT_REPO_DIR)
+    if not path.startswith("/") or path.rstrip("/") in ("", "/tmp") or ".." in path.split("/"):
+        raise UsageError(
+            f"swe task {task.get('task_id')!r}: repo_dir must be an absolute path such as /testbed")
+    return path.rstrip("/")
+
+
+def sandbox_options(task: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Backend options a task needs besides its snapshot: the image and workspace path of image tasks.
+
+    Raises UsageError for an image task on a backend other than docker: the image holds the
+    environment (interpreter, dependencies, build outputs) the repository's tests need.
+    """
+    image = image_of(task)
+    if not image:
+        return {}
+    if kind != "docker":
+        raise UsageError(f"swe task {task.get('task_id')!r} is given by the docker image {image} "
+                         f"and cannot run in a {kind} sandbox",
+                         hint="use --sandbox docker (and --reward-opt sandbox=docker if you set one)")
+    return {"image": image, "workdir": repo_dir(task), "env": {"PATH": _image_path(image)}}
+
+
+_IMAGE_PATHS: dict[str, str] = {}
+
+
+def _image_path(image: str) -> str:
+    """The image's own PATH (a SWE-bench image's conda env), so its python3 and pytest are found."""
+    if image not in _IMAGE_PATHS:
+        from arlctl.sandbox.docker import docker_client
+
+        client = docker_client()
+        try:
+            env = client.images.get(image).attrs.get("Config", {}).get("Env") or []
+        except Exception as e:
+            raise UsageError(f"docker image {image} is not on the engine: {e}",
+                             hint="docker pull or build it first") from e
+        finally:
+            client.close()
+        paths = [e.partition("=")[2] for e in env if e.startswith("PATH=")]
+        _IMAGE_PATHS[image] = paths[0] if paths else "/usr/local/bin:/usr/bin:/bin"
+    return _IMAGE_PATHS[image]
+
+
+def prepare_image_snapshot(task: dict[str, Any], docker_host: str | None = None) -> str:
+    """Export `repo_dir` of the task's image into a one-commit snapshot, once per image id."""
+    from arlctl.sandbox.docker import docker_client
+
+    image_ref, where = image_of(task), repo_dir(task)
+    client = docker_client(docker_host)
+    try:
+        try:
+            image = client.images.get(image_ref)
+        except Exception as e:
+            raise UsageError(
+                f"docker image {image_ref} of swe task {task.get('task_id')!r} is not on the engine: {e}",
+                hint="docker pull (or build) the instance image first") from e
+        tag = image.id.split(":")[-1][:16]
+        if where != DEFAULT_REPO_DIR:
+            tag += "-" + hashlib.sha256(where.encode()).hexdigest()[:8]
+        name = f"{task.get('instance_id') or task.get('task_id')}-image-{tag}".replace("/", "_")
+        if (snapshot_root() / name / ".git" / "HEAD").is_file():
+            return str(snapshot_root() / name)
+        with tempfile.TemporaryDirectory() as scratch:
+            src = _export(client, image.id, where, Path(scratch))
+            _check_base_commit(task, src)
+            return _build_snapshot(src, name)
+    finally:
+        client.close()
+
+
+def _export(client: Any, image_id: str, where: str, scratch: Path) -> Path:
+    """Copy `where` out of the image (a created, never started container) into scratch."""
+    container = client.containers.create(image_id, ["true"], network_disabled=True,
+                                         labels={"arlctl.export": "1"})
+    try:
+        stream, _stat = container.get_archive(where)
+        archive_path = scratch / "repo.tar"
+        with open(archive_path, "wb") as out:
+            for chunk in stream:
+                out.write(chunk)
+    except Exception as e:
+        raise UsageError(f"could not copy {where} out of image {image_id[:19]}: {e}",
+                         hint="set repo_dir to where the image keeps the repository") from e
+    finally:
+        container.remove(force=True)
+    unpacked = scratch / "unpacked"
+    with tarfile.open(archive_path) as archive:
+        for member in archive:
+            try:  # 'data' refuses absolute paths, links out of the tree and devices: skip such members
+                archive.extract(member, unpacked, filter="data")
+            except tarfile.FilterError:
+                continue
+    root = unpacked / posixpath.basename(where)
+    if not root.is_dir():
+        raise UsageError(f"{where} in image {image_id[:19]} is not a directory")
+    return root
+
+
+def _check_base_commit(task: dict[str, Any], src: Path) -> None:
+    """The image's HEAD must be the task's base_commit, when both are known."""
+    base = str(task.get("base_commit") or "")
+    if not (src / ".git").exists() or len(base) < 7 or any(c not in "0123456789abcdef" for c in base):
+        return
+    head = subprocess.run(["git", "-c", "core.fsmonitor=false", "-c", "safe.directory=*", "-C", str(src),
+                           "rev-parse", "HEAD"], env=_GIT_ENV, capture_output=True, text=True).stdout.strip()
+    if head and not head.startswith(base):
+        raise UsageError(f"swe task {task.get('task_id')!r}: the image's repository is at {head[:12]}, "
+                         f"not at base_commit {base[:12]}", hint="check the task's image and base_commit")
 
 
 def test_files(task: dict[str, Any]) -> list[str]:
