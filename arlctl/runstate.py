@@ -89,6 +89,7 @@ def _read_footer(url: str) -> Footer:
 def trainer_progress(ckpt_url: str) -> dict[str, Any]:
     """The newest complete checkpoint (a step-NNNNNN/ with state.json): step, consumed batches, count."""
     fs, path = get_fs(ckpt_url)
+    fs.invalidate_cache(path)  # s3fs caches listings for the life of the process
     steps: list[tuple[int, str]] = []
     if fs.exists(path):
         for entry in fs.ls(path, detail=False):
@@ -113,6 +114,7 @@ def trainer_progress(ckpt_url: str) -> dict[str, Any]:
 def published_policy(policy_url: str) -> dict[str, Any]:
     """What policy/LATEST names: version number (None when nothing is published), name, publish time."""
     fs, path = get_fs(policy_url)
+    fs.invalidate_cache(path)  # s3fs caches listings for the life of the process
     versions = []
     if fs.exists(path):
         versions = [basename(e) for e in fs.ls(path, detail=False)
@@ -178,6 +180,7 @@ def _consumed_by_filter(batches_url: str, cache: ShardCache) -> set[str]:
 
 def _filter_manifest_inputs(batches_url: str) -> set[str]:
     fs, path = get_fs(join(batches_url, FILTER_MANIFESTS))
+    fs.invalidate_cache(path)  # s3fs caches listings for the life of the process
     consumed: set[str] = set()
     if fs.exists(path):
         for entry in fs.ls(path, detail=False):

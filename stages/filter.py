@@ -343,17 +343,21 @@ def current_policy_version(policy_dir: str | None, ckpt_dir: str | None) -> int:
     version = 0
     if policy_dir:
         fs, path = get_fs(join(policy_dir, "LATEST"))
+        fs.invalidate_cache(path)  # a filter daemon on S3 must not read a cached listing
         if fs.exists(path):
             name = fs.cat_file(path).decode().strip()
             if name.startswith("v") and name[1:].isdigit():
                 version = max(version, int(name[1:]))
     if ckpt_dir:
         fs, path = get_fs(ckpt_dir)
+        fs.invalidate_cache(path)
         if fs.exists(path):
-            for entry in fs.ls(path, detail=False):
-                name = basename(entry)
-                if name.startswith("step-") and name[5:].isdigit():
-                    version = max(version, int(name[5:]))
+            steps = sorted((int(basename(e)[5:]), e) for e in fs.ls(path, detail=False)
+                           if basename(e).startswith("step-") and basename(e)[5:].isdigit())
+            for step, entry in reversed(steps):  # only a complete checkpoint (state.json written last) counts
+                if fs.exists(f"{entry.rstrip('/')}/state.json"):
+                    version = max(version, step)
+                    break
     return version
 
 

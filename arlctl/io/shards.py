@@ -141,6 +141,8 @@ class DirListing:
 def scan(url: str) -> DirListing:
     """List a shard directory (or a single file). Hidden names are skipped entirely."""
     fs, path = get_fs(url)
+    # s3fs caches listings for the life of the process: a daemon polling its input must ask the store.
+    fs.invalidate_cache(path)
     if fs.isfile(path):
         return DirListing([to_url(fs, path)], []) if path.endswith(".parquet") else DirListing([], [url])
     if not fs.exists(path):
