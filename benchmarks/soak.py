@@ -33,8 +33,8 @@ def soak_recipe(args: argparse.Namespace) -> dict:
         "stages": {
             "rollout": {"args": {"env": "math", "tasks": f"builtin:math?n={args.tasks}&seed={args.seed}&difficulty=1",
                                  "policy": args.policy, "group-size": args.group_size, "concurrency": args.concurrency,
-                                 "max-turns": 1 if small else 3, "max-new-tokens": 8 if small else 96,
-                                 "env-opt": ["on_no_action=end"], "flush-groups": 1 if small else 4,
+                                 "max-turns": 1 if small else 2, "max-new-tokens": 8 if small else 96,
+                                 "env-opt": ["on_no_action=end"] + ([] if small else ["tools=none"]), "flush-groups": 1 if small else 4,
                                  "max-pending": args.max_pending, "max-staleness": args.max_staleness, "poll": 2}},
             "reward": {"workers": 2, "args": {"reward": "math",
                                               "reward-opt": ["fallback=last_number", "format_weight=0.5"], "poll": 2}},

@@ -28,7 +28,9 @@ select try_cast(regexp_extract(filename, '/it([0-9]+)-', 1) as integer) as itera
        avg(case when num_tool_calls > 0 then 1.0 else 0.0 end) as tool_call_rate,
        avg(generated_tokens) as mean_generated_tokens,
        max(policy_version) as policy_version
-from trajectories group by 1 order by 1
+from trajectories
+where status <> 'aborted'  -- rows flushed by a rollout stopped by a signal (the iteration was rolled out again)
+group by 1 order by 1
 """
 
 EVAL_SQL = """

@@ -14,7 +14,7 @@ export RUN=${RUN:-runs/smollm2-learn}
 export ITERS=${ITERS:-10}
 export ENV_OPTS=${ENV_OPTS:-on_no_action=end tools=none}
 export REWARD_OPTS=${REWARD_OPTS:-fallback=last_number format_weight=0.5}
-export TASKS_PER_ITER=${TASKS_PER_ITER:-16}
+export TASKS_PER_ITER=${TASKS_PER_ITER:-8}
 export G=${G:-8}
 export MAX_TURNS=${MAX_TURNS:-2}
 export MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-96}

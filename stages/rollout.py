@@ -232,8 +232,10 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
             raise
         except Exception as err:
             stats.errors += 1
+            message = f"policy error: {type(err).__name__}: {err}"
+            stats.last_error = message  # in the summary and the metrics row even when no turn exists yet
             if row.turns:
-                row.turns[-1].error = row.turns[-1].error or f"policy error: {type(err).__name__}: {err}"
+                row.turns[-1].error = row.turns[-1].error or message
             return traj.finish("policy_error", "error")
         text, glue = codec.split_generation(gen.ids)
         action = parse_action(env, text, tools, cfg.tool_format)

