@@ -77,7 +77,7 @@ def main() -> None:
 
     iters = rows(str(run / "rewarded"), ITERATION_SQL)
     evals = {}
-    for name in ("before", "after"):
+    for name in ("before", "after", "greedy-before", "greedy-after"):  # greedy-*: temperature 0, G=1
         d = run / "eval" / name / "rewarded"
         if d.exists():
             evals[name] = rows(str(d), EVAL_SQL)[0]
@@ -127,7 +127,9 @@ def main() -> None:
         names = list(evals)
         vals = [evals[n]["correct_rate"] for n in names]
         errs = [stderr(evals[n]["correct_rate"], evals[n]["trajectories"]) for n in names]
-        bx.bar(names, vals, yerr=errs, capsize=6, color=["#999999", "#2a7ab9"][: len(names)])
+        colors = ["#999999" if n.endswith("before") else "#2a7ab9" for n in names]
+        bx.bar(names, vals, yerr=errs, capsize=6, color=colors)
+        bx.tick_params(axis="x", labelsize=7)
         bx.set_title("held-out correct rate")
         bx.grid(axis="y", alpha=0.3)
     fig.tight_layout()

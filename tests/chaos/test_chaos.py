@@ -64,8 +64,8 @@ class Chaos:
     rollout is killed again only after its restart committed two more shards, so a slow machine cannot
     starve the run."""
 
-    def __init__(self, seed: int, kill_every: float = KILL_EVERY, stage_gap_s: float = 0.0):
-        self.kill_every, self.stage_gap_s = kill_every, stage_gap_s
+    def __init__(self, seed: int, kill_every: float = KILL_EVERY, stage_gap_s: float = 0.0, min_kills: int = 0):
+        self.kill_every, self.stage_gap_s, self.min_kills = kill_every, stage_gap_s, min_kills
         self.last_kill: dict[str, float] = {}
         self.rng = random.Random(seed)
         self.round: list[str] = []
@@ -89,7 +89,10 @@ class Chaos:
         self.rollout_shards = state["stages"]["rollout"]["output_shards"]
 
     def on_tick(self, sup: Supervisor, elapsed: float) -> None:
-        if self.rollout_stopped_at is None and (self.rollout_shards >= ROLLOUT_SHARDS or elapsed >= ROLLOUT_CAP_S):
+        # Rollout stops once it committed enough shards AND enough kills landed (a fast machine would
+        # otherwise drain before the chaos happened), or at the cap.
+        enough = self.rollout_shards >= ROLLOUT_SHARDS and len(self.kills) >= self.min_kills
+        if self.rollout_stopped_at is None and (enough or elapsed >= ROLLOUT_CAP_S):
             self.rollout_stopped_at = elapsed
             sup.stop_stage("rollout")
         if self.rollout_stopped_at is not None and elapsed >= self.rollout_stopped_at + KILL_AFTER_ROLLOUT_S:
@@ -121,7 +124,7 @@ class Chaos:
 
 def run_chaos(run_dir: str, logs: str, seed: int, min_kills: int, **chaos_options) -> None:
     sup = Supervisor(parse_recipe(chaos_recipe(run_dir, logs), source="chaos"), log=print)
-    chaos = Chaos(seed, **chaos_options)
+    chaos = Chaos(seed, min_kills=min_kills, **chaos_options)
     t0 = time.monotonic()
     result = run(sup, for_s=HARD_STOP, until_drained=True, on_tick=chaos.on_tick, on_state=chaos.on_state)
     print(f"chaos: {len(chaos.kills)} kills {chaos.kills}; restarts {result.restarts}; "
