@@ -105,7 +105,7 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None) -> Path:
             marker = {
                 "name": name,
                 "source": str(gguf),
-                "source_sha256": _sha256(gguf),
+                "source_sha256": sha256_file(gguf),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "check_sample": sample,
             }
@@ -293,7 +293,8 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

@@ -19,7 +19,6 @@ embedded model's name, or a URL of any of these (downloaded into the loader's ca
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -46,6 +45,7 @@ from arlctl.io.fs import (
     upload_dir,
     write_bytes_whole,
 )
+from arlctl.models import sha256_file
 
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 VERSION_RE = re.compile(r"^v(\d{6,})$")
@@ -216,12 +216,6 @@ def store_remove(url: str, recursive: bool = False) -> None:
     fs.invalidate_cache(path)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_text_durable(path: Path, text: str) -> None:

@@ -22,16 +22,22 @@ _BASE_NAME = "arlctl-sandboxes"
 _warned = False
 
 
-def _mounts() -> list[tuple[str, str, set[str]]]:
-    """(mount point, fstype, super options) for every cgroup/cgroup2 mount of this process."""
+def cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(mount point, root within the hierarchy, fstype, super options) of this process's cgroup mounts."""
     out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fstype, _source, super_opts = (right.split() + ["", "", ""])[:3]
             if fstype in ("cgroup", "cgroup2"):
-                out.append((left.split()[4], fstype, set(super_opts.split(","))))
+                fields = left.split()
+                out.append((fields[4], fields[3], fstype, set(super_opts.split(","))))
     return out
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fstype, super options) for every cgroup/cgroup2 mount of this process."""
+    return [(mount, fstype, opts) for mount, _root, fstype, opts in cgroup_mounts()]
 
 
 def _own_paths() -> dict[str, str]:

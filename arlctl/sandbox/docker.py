@@ -40,7 +40,7 @@ from pathlib import Path
 
 from arlctl.sandbox._channel import ExecChannel, exec_request, raw_stdout, to_result
 from arlctl.sandbox.base import ExecResult, SandboxError
-from arlctl.sandbox.cgroups import SandboxCgroup
+from arlctl.sandbox.cgroups import SandboxCgroup, cgroup_mounts
 
 log = logging.getLogger(__name__)
 
@@ -73,26 +73,13 @@ def docker_client(docker_host: str | None = None, timeout: float = 60.0):
     return client
 
 
-def _cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
-    """(mount point, root within the hierarchy, fstype, super options) of this process's cgroup mounts."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fstype, _source, super_opts = (right.split() + ["", "", ""])[:3]
-            if fstype in ("cgroup", "cgroup2"):
-                fields = left.split()
-                out.append((fields[4], fields[3], fstype, set(super_opts.split(","))))
-    return out
-
-
 def host_cgroup(pid: int) -> SandboxCgroup | None:
     """The cgroup directories (pids and memory; v1 or v2) of host process `pid` on this host's cgroup fs,
     or None when they are not visible from here (no such pid, another cgroup namespace, no mount)."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             entries = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-        mounts = _cgroup_mounts()
+        mounts = cgroup_mounts()
     except OSError:
         return None
 
