@@ -107,14 +107,24 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def chat_completions(request: web.Request) -> web.Response:
-    state: ServeState = request.app[STATE]
+async def _request_body(request: web.Request) -> dict[str, Any] | web.Response:
+    """The JSON body of a completion request, or the 400 response that rejects it."""
     try:
         body = await request.json()
     except ValueError:
         return _error(400, "the body is not JSON")
+    if not isinstance(body, dict):
+        return _error(400, "the body must be a JSON object")
     if body.get("stream"):
         return _error(400, "streaming is not supported by arlctl serve")
+    return body
+
+
+async def chat_completions(request: web.Request) -> web.Response:
+    state: ServeState = request.app[STATE]
+    body = await _request_body(request)
+    if isinstance(body, web.Response):
+        return body
     messages, tools = body.get("messages") or [], body.get("tools") or []
     if not messages:
         return _error(400, "messages must be a non-empty list")
@@ -143,12 +153,9 @@ async def chat_completions(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
-    try:
-        body = await request.json()
-    except ValueError:
-        return _error(400, "the body is not JSON")
-    if body.get("stream"):
-        return _error(400, "streaming is not supported by arlctl serve")
+    body = await _request_body(request)
+    if isinstance(body, web.Response):
+        return body
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # the OpenAI API allows a batch; one prompt per request here
