@@ -12,8 +12,8 @@
              no id appears twice across batches; the trainer's step == the number of consumed batches
   versions   published policy versions only increase (the observed LATEST history, when given, and the
              version.json creation times); LATEST names the newest version; within a trajectory the turn
-             versions never go down; no row's policy version exceeds the trainer step at its start (the
-             step's train metrics were written before the row started)
+             versions never go down; no version a row ran exceeds the trainer step by the row's end (the
+             step's train metrics were written before the row finished)
 
 With `drained=False`, trajectories not yet consumed (waiting in a stage, or in a batch not yet trained)
 are counted as in flight instead of reported. `problems` lists every violation in one line each; an
@@ -154,12 +154,14 @@ def audit_run(run: str, drained: bool = True, latest_history: list[int] | None =
             problems.append(f"trajectory {row['trajectory_id']}: turn policy versions go down {versions}")
         first, last = row["policy_version"], row["policy_version_last"]
         started = row["started_at"].timestamp() if row["started_at"] is not None else None
-        for version, when, label in ((first, started, "started_at"),
-                                     (last, row["finished_at"].timestamp() if row["finished_at"] else None,
-                                      "finished_at")):
-            if version and when is not None and (version not in step_times or step_times[version] > when):
-                problems.append(f"trajectory {row['trajectory_id']}: policy version {version} at {label} "
-                                f"exceeds the trainer step then")
+        finished = row["finished_at"].timestamp() if row["finished_at"] is not None else None
+        # A row's versions are those of its turns; the first turn may come after started_at (the row waits
+        # for the policy, and a reload may land at that first turn boundary), so each version is checked
+        # against the row's end: the policy it ran must have been trained before the row finished.
+        for version in sorted({v for v in (*versions, first, last) if v}):
+            if finished is not None and (version not in step_times or step_times[version] > finished):
+                problems.append(f"trajectory {row['trajectory_id']}: policy version {version} "
+                                f"exceeds the trainer step at finished_at")
         if started is not None and first is not None:
             lag = sum(1 for t in step_times.values() if t <= started) - int(first)
             report.staleness[lag] = report.staleness.get(lag, 0) + 1
