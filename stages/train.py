@@ -59,6 +59,7 @@ class TrainConfig:
     precision: str = "fp32"
     temperature: float = 1.0
     save_every: int = 1
+    keep_checkpoints: int = 0  # after each save, delete all but the newest N complete checkpoints; 0 keeps all
     max_steps: int | None = None  # steps in this invocation; None: every pending batch
     seed: int = 0
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -78,6 +79,8 @@ class TrainConfig:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
         if self.micro_tokens < 1 or self.save_every < 1:
             raise UsageError("--micro-tokens and --save-every must be >= 1")
+        if self.keep_checkpoints < 0:
+            raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
 
     def loss(self) -> LossConfig:
         return LossConfig(eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=self.tis_cap,
@@ -293,6 +296,8 @@ def _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg,
              "config": asdict(cfg), "initial_policy": str(initial_policy), "policy_spec": policy,
              "created_at": time.time()}
     ckpt.save_checkpoint(ckpt_dir, step, model, tokenizer, optimizer, scheduler, state)
+    if cfg.keep_checkpoints:
+        ckpt.prune_checkpoints(ckpt_dir, cfg.keep_checkpoints)
     return time.perf_counter() - started
 
 

@@ -38,11 +38,11 @@ is more than --max-staleness versions ahead (README "Running as daemons").
 """
 
 
-def parse_env_options(pairs: list[str]) -> dict[str, Any]:
+def parse_env_options(pairs: list[str], flag: str = "--env-opt") -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise UsageError(f"--env-opt expects KEY=VALUE, got {pair!r}")
+            raise UsageError(f"{flag} expects KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
         options[key.replace("-", "_")] = _coerce(value)
     return options
@@ -86,6 +86,10 @@ def register(app: typer.Typer) -> None:
         flush_seconds: float = typer.Option(60.0, "--flush-seconds", help="... or every T seconds."),
         prefix: str = typer.Option("part", "--prefix", help="Shard name prefix (e.g. it0003 in a loop)."),
         env_opt: list[str] = typer.Option([], "--env-opt", help="KEY=VALUE passed to the environment."),
+        backend_opt: list[str] = typer.Option(
+            [], "--backend-opt",
+            help="KEY=VALUE passed to the inference backend, e.g. enforce_eager=false (vllm: compiled, "
+                 "slower to start, faster to generate) or kv_cache_gib=4."),
         sandbox: str = typer.Option(None, "--sandbox", help="swe: sandbox backend (bwrap, docker, subprocess)."),
         sandboxes: int = typer.Option(None, "--sandboxes", help="swe: warm sandboxes in the pool."),
         insecure_sandbox: bool = typer.Option(False, "--insecure-sandbox",
@@ -132,7 +136,7 @@ def register(app: typer.Typer) -> None:
         from arlctl.inference.loader import load_policy
         from arlctl.io.lock import RunLock
 
-        backend_opts: dict[str, Any] = {"max_batch": max_batch}
+        backend_opts: dict[str, Any] = {"max_batch": max_batch, **parse_env_options(backend_opt, "--backend-opt")}
         if policy.startswith("oracle:"):
             backend_opts["tasks"] = task_list
         if server:

@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         precision: str = typer.Option("fp32", "--precision", help="fp32 | bf16 (autocast)."),
         temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature of the rollouts."),
         save_every: int = typer.Option(1, "--save-every", help="Checkpoint every N steps (and at the end)."),
+        keep_checkpoints: int = typer.Option(0, "--keep-checkpoints",
+                                             help="Keep only the newest N checkpoints (0: keep all)."),
         max_steps: int = typer.Option(None, "--max-steps", help="At most N steps in this invocation."),
         seed: int = typer.Option(0, "--seed"),
         device: str = typer.Option("auto", "--device", help="auto (cuda when available) | cpu | cuda:N."),
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
                           cosine_steps=cosine_steps, grad_clip=grad_clip, eps_low=eps_low, eps_high=eps_high,
                           tis_cap=tis_cap, kl_coef=kl_coef, loss_agg=loss_agg, micro_tokens=micro_tokens,
                           precision=precision, temperature=temperature, save_every=save_every,
-                          max_steps=max_steps, seed=seed, device=device)
+                          keep_checkpoints=keep_checkpoints, max_steps=max_steps, seed=seed, device=device)
         def once(stop) -> dict:
             summary = train(in_url, policy, out, cfg, metrics_url=metrics, resume=resume, on_step=_line)
             if not summary["steps"]:

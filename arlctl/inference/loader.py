@@ -20,6 +20,7 @@ directory to load (downloading it first when the policy directory is a URL).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -224,4 +225,16 @@ def load_policy(spec: str, backend: str = "hf", **opts: Any) -> Policy:
         return OpenAIPolicy(servers, str(tokenizer), name=resolved.name, version=resolved.version, **opts)
     from arlctl.inference.hf import HFPolicy
 
+    _check_options(HFPolicy, "hf", opts)
     return HFPolicy(resolved.path, name=resolved.name, version=resolved.version, **opts)
+
+
+def _check_options(cls: type, backend: str, opts: dict[str, Any]) -> None:
+    """A clear error for a backend option the backend does not take (e.g. a typo in --backend-opt)."""
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # the backend passes extras on (vLLM's engine arguments) and checks them itself
+    known = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in ("name", "version")]
+    for key in opts:
+        if key not in known:
+            raise UsageError(f"the {backend} backend has no option {key!r}", hint=f"options: {', '.join(known)}")

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arlctl.errors import TerminalError, TransientError
+from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.io.fs import (
     download_dir,
     fsync_dir,
@@ -94,6 +94,27 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path | str]]:
         if match and (entry / STATE_FILE).is_file():
             found.append((int(match.group(1)), entry))
     return sorted(found)
+
+
+def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> list[int]:
+    """Delete all but the newest `keep` complete checkpoints; returns the steps removed.
+
+    Safe for every reader: a resume, `arlctl sync` and `arlctl filter` only ever use the newest complete
+    checkpoint, and each checkpoint's state.json lists every batch consumed since step 0. The state file
+    goes first, so a checkpoint interrupted half-way through deletion is already "incomplete" and ignored.
+    """
+    if keep < 1:
+        raise UsageError("keep at least 1 checkpoint")
+    removed = []
+    for step, location in list_checkpoints(ckpt_dir)[:-keep]:
+        if is_remote(ckpt_dir):
+            store_remove(join(str(location), STATE_FILE))
+            store_remove(str(location), recursive=True)
+        else:
+            (Path(location) / STATE_FILE).unlink(missing_ok=True)
+            shutil.rmtree(location, ignore_errors=True)
+        removed.append(step)
+    return removed
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> tuple[int, Path | str] | None:

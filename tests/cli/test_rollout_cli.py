@@ -53,6 +53,19 @@ def test_rollout_then_reward_then_inspect(tmp_path):
     assert stats["rows"] == 8 and stats["reward"]["n"] == 8
 
 
+def test_backend_options_reach_the_backend_and_typos_are_usage_errors(tmp_path):
+    base = ["rollout", "--env", "math", "--tasks", "builtin:math?n=1", "--policy", "tiny", "--out", str(tmp_path / "o")]
+    bad_value = arlctl(*base, "--backend-opt", "dtype=float64")  # reaches HFPolicy, which rejects the dtype
+    assert bad_value.returncode == 2 and "unknown dtype 'float64'" in bad_value.stderr
+    typo = arlctl(*base, "--backend-opt", "max_bacth=2")
+    assert typo.returncode == 2 and "no option 'max_bacth'" in typo.stderr and "max_batch" in typo.stderr
+    malformed = arlctl(*base, "--backend-opt", "enforce_eager")
+    assert malformed.returncode == 2 and "--backend-opt expects KEY=VALUE" in malformed.stderr
+    ok = arlctl(*base, "--backend-opt", "max_batch_tokens=4096", "-G", "2", "--max-new-tokens", "4", "--json", "-q")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["trajectories"] == 2
+
+
 def test_rollout_dry_run_writes_nothing(tmp_path):
     result = arlctl("rollout", "--env", "math", "--tasks", "builtin:math?n=2", "--policy", "tiny",
                     "--out", str(tmp_path / "out"), "--dry-run")

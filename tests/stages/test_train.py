@@ -117,6 +117,19 @@ def test_only_unconsumed_batches_are_trained_and_checkpoints_are_complete(tmp_pa
         assert all(r[key] == r[key] for r in rows), key  # present and not NaN
 
 
+def test_keep_checkpoints_prunes_old_steps_and_resume_still_skips_consumed_batches(tmp_path):
+    batches = make_batches(tmp_path, 4)
+    out = tmp_path / "ckpt"
+    first = train(batches, str(tiny_model_dir()), str(out), TrainConfig(lr=1e-4, keep_checkpoints=2, max_steps=3))
+    assert first["step"] == 3 and [s for s, _ in list_checkpoints(out)] == [2, 3]
+    assert sorted(p.name for p in out.iterdir()) == ["step-000002", "step-000003"]  # step 1 is gone, not hidden
+    rest = train(batches, None, str(out), TrainConfig(lr=1e-4, keep_checkpoints=2))
+    assert rest["steps"] == 1 and [s for s, _ in list_checkpoints(out)] == [3, 4]
+    assert len(read_state(latest_checkpoint(out)[1])["consumed_batches"]) == 4  # the ledger spans pruned steps
+    with pytest.raises(Exception, match="keep-checkpoints"):
+        TrainConfig(keep_checkpoints=-1).check()
+
+
 def test_no_resume_refuses_to_overwrite(tmp_path):
     batches = make_batches(tmp_path, 1)
     train(batches, str(tiny_model_dir()), str(tmp_path / "c"), TrainConfig(max_steps=1))
