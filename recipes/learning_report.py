@@ -1,6 +1,11 @@
 """Report of a math learning run (recipes/smollm2_learning.sh): per-iteration curve and held-out eval.
 
     .venv/bin/python recipes/learning_report.py RUN --out docs/learning
+    .venv/bin/python recipes/learning_report.py RUN --by version --bin 5   # a daemon run: no iterations
+
+With `--by version` the training rollouts are grouped by the policy version they started with, in bins of
+`--bin` versions (a run of `arlctl up` has no iterations). Paired greedy evals (greedy-before and
+greedy-after over the same tasks) also get an exact McNemar test.
 
 Reads RUN/rewarded (training rollouts, iteration from the `it0003-...` shard prefix), RUN/eval/{before,after}/
 rewarded (held-out tasks) and RUN/metrics (train steps), all through DuckDB, and writes
@@ -19,8 +24,10 @@ import duckdb
 
 from arlctl.io.duck import connect_paths
 
+ITERATION_KEY = "try_cast(regexp_extract(filename, '/it([0-9]+)-', 1) as integer)"
+VERSION_KEY = "(policy_version // {bin}) * {bin}"
 ITERATION_SQL = """
-select try_cast(regexp_extract(filename, '/it([0-9]+)-', 1) as integer) as iteration,
+select {key} as iteration,
        count(*) as trajectories,
        avg(reward) as mean_reward,
        avg(reward_components['correct']) as correct_rate,
@@ -52,6 +59,26 @@ def rows(path: str, sql: str) -> list[dict]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
+PAIRED_SQL = """
+select b.task_id, b.correct as before, a.correct as after
+from (select task_id, max(reward_components['correct']) as correct from read_parquet({before}) group by 1) b
+join (select task_id, max(reward_components['correct']) as correct from read_parquet({after}) group by 1) a
+using (task_id)
+"""
+
+
+def mcnemar(before_dir: Path, after_dir: Path) -> dict:
+    """Exact two-sided McNemar test over tasks solved by exactly one of two greedy evals."""
+    glob = lambda d: "'" + str(d / "*.parquet").replace("'", "''") + "'"  # noqa: E731
+    pairs = duckdb.connect().execute(PAIRED_SQL.format(before=glob(before_dir), after=glob(after_dir))).fetchall()
+    only_before = sum(1 for _, b, a in pairs if b >= 1 and a < 1)
+    only_after = sum(1 for _, b, a in pairs if a >= 1 and b < 1)
+    both = sum(1 for _, b, a in pairs if a >= 1 and b >= 1)
+    n, k = only_before + only_after, min(only_before, only_after)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"tasks": len(pairs), "both": both, "only_before": only_before, "only_after": only_after, "p_value": p}
+
+
 def stderr(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
 
@@ -71,29 +98,39 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--out", default="docs/learning")
     ap.add_argument("--name", default="smollm2_math")
+    ap.add_argument("--by", choices=("iteration", "version"), default="iteration",
+                    help="group training rollouts by recipe iteration or by policy version bins")
+    ap.add_argument("--bin", type=int, default=5, help="policy versions per bin with --by version")
     args = ap.parse_args()
     run, out = Path(args.run), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    iters = rows(str(run / "rewarded"), ITERATION_SQL)
+    key = ITERATION_KEY if args.by == "iteration" else VERSION_KEY.format(bin=max(1, args.bin))
+    iters = rows(str(run / "rewarded"), ITERATION_SQL.format(key=key))
     evals = {}
     for name in ("before", "after", "greedy-before", "greedy-after"):  # greedy-*: temperature 0, G=1
         d = run / "eval" / name / "rewarded"
         if d.exists():
             evals[name] = rows(str(d), EVAL_SQL)[0]
     steps = train_steps(run)
+    paired = None
+    if "greedy-before" in evals and "greedy-after" in evals:
+        paired = mcnemar(run / "eval" / "greedy-before" / "rewarded", run / "eval" / "greedy-after" / "rewarded")
+    unit = "iteration" if args.by == "iteration" else f"policy versions (bins of {args.bin}, by first version)"
 
-    report = {"run": str(run), "iterations": iters, "eval": evals,
+    report = {"run": str(run), "grouped_by": unit, "iterations": iters, "eval": evals, "greedy_paired": paired,
               "train_steps": len(steps),
               "train": [{k: s.get(k) for k in ("step", "loss", "clip_frac", "approx_kl", "entropy", "grad_norm",
                                                 "tokens_per_s", "reward_mean")} for s in steps]}
     (out / f"{args.name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
 
-    lines = [f"# {args.name}: per-iteration training rollouts", "",
-             "| iteration | policy version | trajectories | mean reward | correct | answer-format rate "
+    first_col = "iteration" if args.by == "iteration" else "versions"
+    lines = [f"# {args.name}: training rollouts per {unit}", "",
+             f"| {first_col} | policy version | trajectories | mean reward | correct | answer-format rate "
              "| tool-call rate | generated tokens |", "|---|---|---|---|---|---|---|---|"]
     for r in iters:
-        lines.append(f"| {r['iteration']} | {r['policy_version']} | {r['trajectories']} | {r['mean_reward']:.3f} "
+        label = r["iteration"] if args.by == "iteration" else f"{r['iteration']}–{r['iteration'] + args.bin - 1}"
+        lines.append(f"| {label} | {r['policy_version']} | {r['trajectories']} | {r['mean_reward']:.3f} "
                      f"| {r['correct_rate']:.3f} | {r['format_rate']:.3f} | {r['tool_call_rate']:.3f} "
                      f"| {r['mean_generated_tokens']:.1f} |")
     if evals:
@@ -105,6 +142,10 @@ def main() -> None:
                          f"± {stderr(e['correct_rate'], e['trajectories']):.3f} | {e['correct_rate']:.3f} "
                          f"| {e['format_rate']:.3f} | {e['tool_call_rate']:.3f} "
                          f"| {e['mean_generated_tokens']:.1f} |")
+    if paired:
+        lines += ["", f"Greedy, paired over {paired['tasks']} tasks: solved both times {paired['both']}, only before "
+                  f"{paired['only_before']}, only after {paired['only_after']}; exact McNemar p = "
+                  f"{paired['p_value']:.2g}."]
     lines += ["", f"{len(steps)} optimizer steps in total."]
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
@@ -118,9 +159,11 @@ def main() -> None:
     for key, label in (("mean_reward", "mean reward"), ("correct_rate", "correct"),
                        ("format_rate", "answer-format rate"), ("tool_call_rate", "tool-call rate")):
         ax.plot(xs, [r[key] for r in iters], marker="o", label=label)
-    ax.set_xlabel("iteration (rollouts of policy v = previous steps)")
+    ax.set_xlabel("iteration (rollouts of policy v = previous steps)" if args.by == "iteration"
+                  else "policy version the rollouts started with (bin start)")
     ax.set_ylabel("rate / reward")
-    ax.set_title("training rollouts per iteration")
+    ax.set_title(f"training rollouts per {first_col[:-1] if first_col == 'versions' else first_col} bin"
+                 if args.by == "version" else "training rollouts per iteration")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if evals:

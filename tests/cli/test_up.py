@@ -204,3 +204,12 @@ def test_up_restarts_a_killed_daemon_and_stops_cleanly_on_sigterm(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.killpg(new_pid, 0)  # the daemon's whole process group is gone
     assert "1 restart" in "".join(lines)
+
+
+@pytest.mark.parametrize("recipe", sorted(Path(__file__).parents[2].glob("recipes/*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_validate_against_the_stage_commands(recipe):
+    loaded = load_recipe(str(recipe))
+    assert {s.name for s in loaded.stages} == {"rollout", "reward", "filter", "train", "sync"}
+    for spec in loaded.stages:
+        argv = stage_argv(loaded, spec, 0)
+        assert argv[len(loaded.command)] == spec.name and "--run" in argv
