@@ -26,7 +26,7 @@ export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-1}  # nothing el
 evaluate() {  # evaluate NAME POLICY TEMPERATURE G N
   local name=$1 policy=$2 temperature=$3 g=$4 n=$5 dir="$RUN/eval/$1"
   if compgen -G "$dir/rewarded/*.parquet" >/dev/null; then return; fi
-  rm -rf "$dir"
+  rm -rf "$dir"; mkdir -p "$RUN/eval"
   echo "== held-out eval '$name': policy $policy, temperature $temperature, $n tasks x $g" >&2
   "$ROLLOUT" rollout --backend vllm --backend-opt enforce_eager=false --env math \
     --tasks "builtin:math?n=$n&seed=999&difficulty=1&kinds=arithmetic" --policy "$policy" \
