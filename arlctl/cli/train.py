@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature of the rollouts."),
         save_every: int = typer.Option(1, "--save-every", help="Checkpoint every N steps (and at the end)."),
         keep_checkpoints: int = typer.Option(0, "--keep-checkpoints",
-                                             help="Keep only the newest N checkpoints (0: keep all)."),
+                                             help="Keep only the newest N checkpoints (0: keep all; "
+                                                  "2+ while `arlctl sync --watch` copies them)."),
         max_steps: int = typer.Option(None, "--max-steps", help="At most N steps in this invocation."),
         seed: int = typer.Option(0, "--seed"),
         device: str = typer.Option("auto", "--device", help="auto (cuda when available) | cpu | cuda:N."),
