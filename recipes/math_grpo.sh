@@ -22,6 +22,7 @@ ENV_NAME=${ENV_NAME:-math}
 BASE_POLICY=${BASE_POLICY:-default}          # the embedded SmolLM2-135M-Instruct
 TASKS_PER_ITER=${TASKS_PER_ITER:-32}
 DIFFICULTY=${DIFFICULTY:-1}
+KINDS=${KINDS:-}                              # e.g. arithmetic (math env: arithmetic,word; empty: all)
 G=${G:-8}
 CONCURRENCY=${CONCURRENCY:-64}
 MAX_TURNS=${MAX_TURNS:-3}
@@ -64,7 +65,7 @@ for ((i = 0; i < ITERS; i++)); do
   tag=$(printf "it%04d" "$i")
   echo "== iteration $i ($tag) policy $(policy_for_rollout)" >&2
   if ! exists "$RUN/recipe/$tag.done"; then
-    summary=$("$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY" \
+    summary=$("$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY${KINDS:+&kinds=$KINDS}" \
       --policy "$(policy_for_rollout)" --run "$RUN" -G "$G" -c "$CONCURRENCY" --max-turns "$MAX_TURNS" \
       --max-new-tokens "$MAX_NEW_TOKENS" --temperature "$TEMPERATURE" --seed "$i" \
       --prefix "$tag" --flush-groups 1000000 --flush-seconds 1e9 "${env_args[@]}" -q --json)
