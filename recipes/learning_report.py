@@ -69,14 +69,19 @@ using (task_id)
 
 def mcnemar(before_dir: Path, after_dir: Path) -> dict:
     """Exact two-sided McNemar test over tasks solved by exactly one of two greedy evals."""
-    glob = lambda d: "'" + str(d / "*.parquet").replace("'", "''") + "'"  # noqa: E731
-    pairs = duckdb.connect().execute(PAIRED_SQL.format(before=glob(before_dir), after=glob(after_dir))).fetchall()
+    pairs = duckdb.connect().execute(
+        PAIRED_SQL.format(before=_sql_glob(before_dir), after=_sql_glob(after_dir))).fetchall()
     only_before = sum(1 for _, b, a in pairs if b >= 1 and a < 1)
     only_after = sum(1 for _, b, a in pairs if a >= 1 and b < 1)
     both = sum(1 for _, b, a in pairs if a >= 1 and b >= 1)
     n, k = only_before + only_after, min(only_before, only_after)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
     return {"tasks": len(pairs), "both": both, "only_before": only_before, "only_after": only_after, "p_value": p}
+
+
+def _sql_glob(directory: Path) -> str:
+    """A quoted SQL string literal for the Parquet files of `directory`."""
+    return "'" + str(directory / "*.parquet").replace("'", "''") + "'"
 
 
 def stderr(p: float, n: int) -> float:
@@ -102,10 +107,12 @@ def main() -> None:
                     help="group training rollouts by recipe iteration or by policy version bins")
     ap.add_argument("--bin", type=int, default=5, help="policy versions per bin with --by version")
     args = ap.parse_args()
+    if args.bin < 1:
+        ap.error("--bin must be at least 1")
     run, out = Path(args.run), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    key = ITERATION_KEY if args.by == "iteration" else VERSION_KEY.format(bin=max(1, args.bin))
+    key = ITERATION_KEY if args.by == "iteration" else VERSION_KEY.format(bin=args.bin)
     iters = rows(str(run / "rewarded"), ITERATION_SQL.format(key=key))
     evals = {}
     for name in ("before", "after", "greedy-before", "greedy-after"):  # greedy-*: temperature 0, G=1
@@ -135,11 +142,11 @@ def main() -> None:
                      f"| {r['mean_generated_tokens']:.1f} |")
     if evals:
         lines += ["", "## Held-out tasks (a seed no training iteration uses)", "",
-                  "| policy | tasks | trajectories | mean reward (± s.e.) | correct | answer-format rate "
+                  "| policy | tasks | trajectories | mean reward | correct (± s.e.) | answer-format rate "
                   "| tool-call rate | generated tokens |", "|---|---|---|---|---|---|---|---|"]
         for name, e in evals.items():
             lines.append(f"| {name} | {e['tasks']} | {e['trajectories']} | {e['mean_reward']:.3f} "
-                         f"± {stderr(e['correct_rate'], e['trajectories']):.3f} | {e['correct_rate']:.3f} "
+                         f"| {e['correct_rate']:.3f} ± {stderr(e['correct_rate'], e['trajectories']):.3f} "
                          f"| {e['format_rate']:.3f} | {e['tool_call_rate']:.3f} "
                          f"| {e['mean_generated_tokens']:.1f} |")
     if paired:
