@@ -36,7 +36,7 @@ from arlctl.io.layout import RunDir
 from arlctl.io.shards import read_shard, scan
 
 MANIFEST_DIR = "_filter"  # stages/filter.py MANIFEST_DIR
-NAMED_RULES = ("completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where")
+NAMED_RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where")
 
 
 @dataclass
@@ -85,7 +85,9 @@ def audit_run(run: str, drained: bool = True, latest_history: list[int] | None =
         report.hidden_leftovers += _hidden_files(rd.path(kind))
         for url in listing.shards:
             try:
-                tables[kind][basename(url)] = read_shard(url, columns=_COLUMNS[kind])
+                # A bad value in a rollout is filter's to drop (invalid_values); in a batch it is a problem.
+                tables[kind][basename(url)] = read_shard(url, columns=_COLUMNS[kind],
+                                                         bad_values="raise" if kind == "batches" else "keep")
             except CorruptShardError as err:
                 problems.append(f"{kind}: {err}")
     _check_dirs(rd, report)

@@ -3,6 +3,8 @@
 Every stage writes this same schema; later stages fill columns that are null before them.
 `validate(table)` never coerces: a column with the wrong type or a null where none is allowed is an
 error that names the column. Readers reject unknown versions (see `check_version`).
+Value rules (token id ranges, mask values, finite log-probs and rewards, turn offsets, sane versions)
+are in schemas/values.py: a bad value condemns its row, not the whole shard.
 """
 
 from __future__ import annotations
@@ -120,7 +122,18 @@ def _types_equal(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 
 def validate(table: pa.Table) -> None:
-    """Raise SchemaError naming the first offending column; return None when the table conforms."""
+    """Raise SchemaError naming the first offending column; return None when the table conforms.
+
+    What writers check: the structure and the token layout (mask and log-probs as long as response_ids).
+    The value rules (ranges, finiteness) live in schemas/values.py: readers apply them row by row.
+    """
+    validate_structure(table)
+    if table.num_rows:
+        _check_token_layout(table)
+
+
+def validate_structure(table: pa.Table) -> None:
+    """Columns, types, nulls, version and the status vocabularies; no per-row value rules."""
     names = table.schema.names
     missing = [n for n in COLUMN_NAMES if n not in names]
     if missing:
@@ -141,17 +154,20 @@ def validate(table: pa.Table) -> None:
         if versions != {SCHEMA_VERSION}:
             raise SchemaError(f"column 'schema_version' holds {sorted(versions)}, expected {SCHEMA_VERSION}",
                               "schema_version")
-        _check_row_invariants(table)
+        _check_vocabularies(table)
 
 
-def _check_row_invariants(table: pa.Table) -> None:
-    """Cheap vectorised checks of the token layout: mask and log-probs align with response_ids."""
+def _check_token_layout(table: pa.Table) -> None:
+    """Cheap vectorised check: mask and log-probs align with response_ids in every row."""
     import pyarrow.compute as pc
 
     n_resp = pc.list_value_length(table.column("response_ids"))
     for name in ("response_mask", "response_logprobs"):
         if not pc.all(pc.equal(pc.list_value_length(table.column(name)), n_resp)).as_py():
             raise SchemaError(f"column {name!r} length differs from response_ids in some row", name)
+
+
+def _check_vocabularies(table: pa.Table) -> None:
     statuses = set(table.column("status").unique().to_pylist())
     if not statuses <= set(STATUSES):
         raise SchemaError(f"column 'status' holds unknown values {sorted(statuses - set(STATUSES))}", "status")

@@ -3,6 +3,11 @@
 Rules run in this order; each reports how many rows it dropped, and every dropped trajectory id is
 recorded with its rule name so an audit can account for every trajectory:
 
+  0. invalid_values   a value no stage may trust (schemas/values.py): token ids out of range (of
+                      --vocab-size when given), a mask outside {0, 1}, lists of unequal length, turn
+                      offsets outside the row, absurd policy versions, non-finite or positive behaviour
+                      log-probs, non-finite rewards / advantages / weights; with --dedupe-threshold
+                      also a turn whose tool_calls is not a JSON list of objects
   1. completeness     status not in --keep-status (default: ok), or no reward yet
   2. group_integrity  groups whose sample indices are not 0..n-1 in the input, or with fewer than
                       --min-group-size rows left after completeness (no baseline): whole groups only
@@ -12,7 +17,8 @@ recorded with its rule name so an audit can account for every trajectory:
                       similarity to an earlier row of its group is >= --dedupe-threshold
   5. staleness        lag = current policy version - row policy_version > --max-lag; kept rows get
                       weight exp(-decay * lag)
-  6. where            rows for which the DuckDB predicate --where is not true
+  6. where            rows for which the DuckDB predicate --where is not true (evaluated over the rows
+                      only: the connection has no file access, so not even --where can read or write files)
   7. balance          per batch, rows with advantage > 0 are down-weighted so that their share of the
                       total weight is at most --max-pos-frac (nothing is dropped; the count is rows touched)
 
@@ -24,9 +30,19 @@ advantages (--adv) and weights filled in. The last batch of an invocation may be
 makes filter wait (consume nothing) until at least that many groups survive.
 
 Exactly-once: a batch's lineage lists the input shards of its invocation and carries an invocation id
-and the number of parts. Inputs named in any batch's lineage are consumed. If a crash left an
-invocation with fewer parts than it announced, the next run recomputes it from the recorded
-configuration and writes only the groups that are not yet in a batch.
+and the number of parts. Inputs named in a batch's lineage are consumed. If a crash left an
+invocation with fewer parts than it announced, the next run with the same configuration recomputes it
+and writes only the groups that are not yet in a batch.
+
+Lineage is data, never code (see `_check_lineage`). Nothing read from a shard is executed: an
+interrupted invocation is resumed only when its recorded config hash equals the hash of the running
+invocation's own configuration, and then with that own configuration (the recorded `--where` text is
+never run). A batch's lineage marks inputs consumed only when its hashes recompute (config hash of its
+recorded config; invocation id of its inputs, config and version) and its inputs are plain shard names,
+resolved inside --in. This is an integrity check, not authentication: whoever can write the run
+directory can forge consistent lineage (or a `_filter/` manifest) that marks an input consumed, and can
+plant batches that train reads. What such a writer cannot do through filter is run SQL or code, read
+files outside --in, or make an inconsistent record count.
 """
 
 from __future__ import annotations
@@ -42,11 +58,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from arlctl.errors import CorruptShardError, UsageError
+from arlctl.errors import CorruptShardError, TerminalError, UsageError
 from arlctl.io.fs import basename, get_fs, is_local, join
 from arlctl.io.shards import (
     Lineage,
     config_hash,
+    is_shard_name,
     quarantine,
     read_lineage,
     read_shard,
@@ -56,8 +73,9 @@ from arlctl.io.shards import (
     write_table_atomic,
 )
 from arlctl.rl.advantages import ADVANTAGE_MODES, compute_advantages, group_ids_to_index
+from arlctl.schemas.values import MAX_POLICY_VERSION, BadValue, bad_rows, find_bad_values
 
-RULES = ("completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
+RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
 DEFAULT_KEEP_STATUS = ("ok",)
 
 
@@ -76,6 +94,7 @@ class FilterConfig:
     batch_groups: int = 8
     min_groups: int = 1
     seed: int = 0
+    vocab_size: int | None = None  # token ids must be below it; None: only negative ids are invalid
 
     def check(self) -> None:
         if self.adv not in ADVANTAGE_MODES:
@@ -88,6 +107,10 @@ class FilterConfig:
             raise UsageError("--max-pos-frac is a fraction in (0, 1)")
         if self.dedupe_threshold is not None and not 0.0 < self.dedupe_threshold <= 1.0:
             raise UsageError("--dedupe-threshold is a Jaccard similarity in (0, 1]")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise UsageError("--vocab-size must be >= 1")
+        if not (math.isfinite(self.decay) and self.decay >= 0):
+            raise UsageError("--decay must be a finite number >= 0")
 
 
 @dataclass
@@ -96,6 +119,7 @@ class RuleResult:
     weight: np.ndarray  # [N] float staleness weight
     drops: list[tuple[int, str]]  # (row index, rule)
     counts: dict[str, int]
+    invalid: list[BadValue] = field(default_factory=list)  # why each invalid_values row was dropped
 
 
 # ----------------------------------------------------------------------------------------------- rules
@@ -113,11 +137,17 @@ def _stable_fraction(text: str, seed: int) -> float:
     return zlib.crc32(f"{seed}:{text}".encode()) / 2**32
 
 
-def _action_ngrams(turns: list[dict[str, Any]], n: int) -> set[tuple[str, ...]]:
+def _action_ngrams(turns: list[dict[str, Any]], n: int) -> set[tuple[str, ...]] | None:
+    """The row's tool-call n-grams; None when a turn's tool_calls is not a JSON list of objects."""
     actions: list[str] = []
     for turn in turns:
-        for call in json.loads(turn["tool_calls"] or "[]"):
-            actions.append(json.dumps([call.get("name"), call.get("arguments")], sort_keys=True))
+        try:
+            calls = json.loads(turn["tool_calls"] or "[]")
+            if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+                return None
+            actions += [json.dumps([c.get("name"), c.get("arguments")], sort_keys=True) for c in calls]
+        except (ValueError, RecursionError):
+            return None
     k = min(n, len(actions))
     return {tuple(actions[i : i + k]) for i in range(len(actions) - k + 1)} if k else set()
 
@@ -129,7 +159,7 @@ def jaccard(a: set, b: set) -> float:
 
 
 def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> RuleResult:
-    """Run rules 1-6 over a table; return the keep mask, staleness weights and attributed drops."""
+    """Run rules 0-6 over a table; return the keep mask, staleness weights and attributed drops."""
     n = table.num_rows
     ids = table.column("trajectory_id").to_pylist()
     groups = table.column("group_id").to_pylist()
@@ -149,6 +179,10 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
         for rows in _group_rows(groups, np.flatnonzero(keep)).values():
             if len(rows) < cfg.min_group_size:
                 drop(rows, rule)
+
+    # 0. invalid values: a hostile or broken row goes before any rule does arithmetic on it.
+    invalid = find_bad_values(table, cfg.vocab_size)
+    drop(bad_rows(invalid), "invalid_values")
 
     # 1. completeness: only finished, rewarded trajectories are trained on.
     status = table.column("status").to_pylist()
@@ -183,7 +217,10 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
             kept: list[set] = []
             for i in sorted(rows, key=lambda r: sample_index[r]):
                 grams = _action_ngrams(turns[i], cfg.dedupe_ngram)
-                if any(jaccard(grams, other) >= cfg.dedupe_threshold for other in kept):
+                if grams is None:  # only dedupe reads tool_calls, so only here is a malformed one caught
+                    invalid.append(BadValue(int(i), "turns", "a turn's tool_calls is not a JSON list of objects"))
+                    drop([i], "invalid_values")
+                elif any(jaccard(grams, other) >= cfg.dedupe_threshold for other in kept):
                     drop([i], "duplicate")
                 else:
                     kept.append(grams)
@@ -200,14 +237,16 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
     if cfg.where:
         drop(np.flatnonzero(keep & ~_where_mask(table, cfg.where)), "where")
         drop_small_groups("where")
-    return RuleResult(keep=keep, weight=weight, drops=drops, counts=counts)
+    return RuleResult(keep=keep, weight=weight, drops=drops, counts=counts, invalid=invalid)
 
 
 def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
     import duckdb
 
     rows = table.append_column("__row", pa.array(np.arange(table.num_rows), pa.int64()))
-    con = duckdb.connect()
+    # The predicate sees the registered rows and nothing else: no file reads or writes (COPY ... TO),
+    # no extensions, and no SET that could turn that back on.
+    con = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
     try:
         con.register("trajectories", rows)
         hit = con.execute(f"select __row from trajectories where ({predicate})").fetchnumpy()["__row"]
@@ -277,6 +316,7 @@ class Plan:
     counts: dict[str, int]
     rows_in: int
     groups_kept: int
+    invalid: list[str] = field(default_factory=list)  # "shard row i (trajectory_id): reason" per invalid row
 
 
 def _read_inputs(inputs: list[str], quarantine_bad: bool) -> tuple[list[str], list[pa.Table], list[str]]:
@@ -284,7 +324,7 @@ def _read_inputs(inputs: list[str], quarantine_bad: bool) -> tuple[list[str], li
     good, tables, bad = [], [], []
     for url in inputs:
         try:
-            tables.append(read_shard(url))
+            tables.append(read_shard(url, bad_values="keep"))  # bad rows: dropped by invalid_values
             good.append(url)
         except CorruptShardError:
             if not quarantine_bad:
@@ -296,7 +336,7 @@ def _read_inputs(inputs: list[str], quarantine_bad: bool) -> tuple[list[str], li
 
 def plan_invocation(inputs: list[str], cfg: FilterConfig, current_version: int,
                     tables: list[pa.Table] | None = None) -> Plan:
-    tables = [read_shard(url) for url in inputs] if tables is None else tables
+    tables = [read_shard(url, bad_values="keep") for url in inputs] if tables is None else tables
     table = pa.concat_tables(tables) if tables else None
     source = [basename(url) for url, t in zip(inputs, tables, strict=True) for _ in range(t.num_rows)]
     invocation = config_hash({"inputs": sorted(basename(u) for u in inputs), "cfg": asdict(cfg),
@@ -319,7 +359,20 @@ def plan_invocation(inputs: list[str], cfg: FilterConfig, current_version: int,
                          [part_of.get(t) if o == "kept" else None for t, o in zip(ids, outcome, strict=True)],
                          invocation)
     groups_kept = len(set(table.take(pa.array(kept_rows, pa.int64())).column("group_id").to_pylist()))
-    return Plan(invocation, inputs, current_version, batches, audit, result.counts, table.num_rows, groups_kept)
+    return Plan(invocation, inputs, current_version, batches, audit, result.counts, table.num_rows, groups_kept,
+                _name_invalid(result.invalid, source, ids, tables))
+
+
+def _name_invalid(invalid: list[BadValue], source: list[str], ids: list[str], tables: list[pa.Table]) -> list[str]:
+    """One line per dropped invalid row, naming its shard and its row within that shard."""
+    starts = np.cumsum([0] + [t.num_rows for t in tables])  # first row of each shard in the concatenation
+    lines, seen = [], set()
+    for bad in invalid:
+        if bad.row not in seen:
+            seen.add(bad.row)
+            row_in_shard = bad.row - int(starts[np.searchsorted(starts, bad.row, side="right") - 1])
+            lines.append(f"{source[bad.row]} row {row_in_shard} (trajectory_id {ids[bad.row]!r}): {bad.reason}")
+    return lines
 
 
 def _audit_table(ids, groups, source, outcome, part, invocation) -> pa.Table:
@@ -347,7 +400,7 @@ def current_policy_version(policy_dir: str | None, ckpt_dir: str | None) -> int:
         if fs.exists(path):
             name = fs.cat_file(path).decode().strip()
             if name.startswith("v") and name[1:].isdigit():
-                version = max(version, int(name[1:]))
+                version = max(version, _sane_version(int(name[1:]), path))
     if ckpt_dir:
         fs, path = get_fs(ckpt_dir)
         fs.invalidate_cache(path)
@@ -356,33 +409,113 @@ def current_policy_version(policy_dir: str | None, ckpt_dir: str | None) -> int:
                            if basename(e).startswith("step-") and basename(e)[5:].isdigit())
             for step, entry in reversed(steps):  # only a complete checkpoint (state.json written last) counts
                 if fs.exists(f"{entry.rstrip('/')}/state.json"):
-                    version = max(version, step)
+                    version = max(version, _sane_version(step, entry))
                     break
     return version
 
 
-def _read_ledger(out_url: str) -> tuple[set[str], dict[str, dict[str, Any]]]:
-    """Consumed input names, and the invocations that started writing batches but have no manifest."""
-    consumed: set[str] = set()
+def _sane_version(version: int, where: str) -> int:
+    if version > MAX_POLICY_VERSION:
+        raise TerminalError(f"{where} names policy version {version}, beyond any real run (> 10^9)",
+                            hint="LATEST and checkpoint names are written by sync and train; check who wrote this")
+    return version
+
+
+@dataclass
+class Ledger:
+    """What the output directory says was consumed, and which invocations were interrupted."""
+
+    consumed: set[str] = field(default_factory=set)  # input basenames
+    unfinished: dict[str, dict[str, Any]] = field(default_factory=dict)  # invocation -> checked record
+    untrusted: list[str] = field(default_factory=list)  # "name: why" for records that count for nothing
+
+
+def _check_lineage(lineage: Lineage | None) -> dict[str, Any] | str:
+    """The checked record of a filter batch's lineage, or why it is not trusted (see the module docstring)."""
+    if lineage is None or lineage.stage != "filter":
+        return "not written by filter"
+    extra = lineage.extra if isinstance(lineage.extra, dict) else {}
+    config, version, part, parts = (extra.get(k) for k in ("config", "current_version", "part", "parts"))
+    inputs = lineage.inputs
+    if not (isinstance(inputs, list) and all(isinstance(i, str) and is_shard_name(basename(i)) for i in inputs)):
+        return "its inputs are not a list of shard names"
+    if not (isinstance(config, dict) and _is_int(version) and 0 <= version <= MAX_POLICY_VERSION
+            and _is_int(part) and _is_int(parts) and 0 <= part < parts):
+        return "its invocation record is malformed"
+    if lineage.config_hash != config_hash(config):
+        return "its config hash does not match its recorded config"
+    names = sorted(basename(i) for i in inputs)
+    if extra.get("invocation") != config_hash({"inputs": names, "cfg": config, "version": version}):
+        return "its invocation id does not match its inputs, config and version"
+    return {"invocation": extra["invocation"], "inputs": names, "config_hash": lineage.config_hash,
+            "current_version": version, "parts": parts, "part": part}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_manifests(out_url: str, ledger: Ledger) -> set[str]:
+    """Consumed inputs and finished invocations from `_filter/*.json`; a malformed manifest counts for nothing."""
     finished: set[str] = set()
     fs, path = get_fs(join(out_url, MANIFEST_DIR))
-    if fs.exists(path):
-        for entry in fs.ls(path, detail=False):
-            if entry.endswith(".json"):
-                manifest = json.loads(fs.cat_file(entry))
-                consumed.update(manifest["inputs"])
-                finished.add(manifest["invocation"])
-    started: dict[str, dict[str, Any]] = {}
-    for shard in scan(out_url).shards:
-        lineage = read_lineage(shard)
-        if lineage is None or "invocation" not in lineage.extra:
+    if not fs.exists(path):
+        return finished
+    for entry in fs.ls(path, detail=False):
+        if not entry.endswith(".json"):
             continue
-        consumed.update(basename(i) for i in lineage.inputs)
-        inv = lineage.extra["invocation"]
-        if inv not in finished:
-            record = started.setdefault(inv, {**lineage.extra, "inputs": lineage.inputs, "written": {}})
-            record["written"][lineage.extra["part"]] = basename(shard)
-    return consumed, started
+        try:
+            manifest = json.loads(fs.cat_file(entry))
+            inputs, invocation = manifest["inputs"], manifest["invocation"]
+            if not (isinstance(invocation, str) and isinstance(inputs, list) and all(isinstance(i, str) for i in inputs)):
+                raise TypeError("inputs or invocation of the wrong type")
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            ledger.untrusted.append(f"{MANIFEST_DIR}/{basename(entry)}: malformed manifest ({type(err).__name__})")
+            continue
+        ledger.consumed.update(basename(i) for i in inputs)
+        finished.add(invocation)
+    return finished
+
+
+def _read_ledger(out_url: str) -> Ledger:
+    """Consumed input names, and the invocations that started writing batches but have no manifest."""
+    ledger = Ledger()
+    finished = _read_manifests(out_url, ledger)
+    for shard in scan(out_url).shards:
+        try:
+            lineage = read_lineage(shard)
+        except CorruptShardError as err:
+            ledger.untrusted.append(f"{basename(shard)}: {err.reason}")
+            continue
+        if lineage is None or (lineage.stage != "filter" and "invocation" not in (lineage.extra or {})):
+            continue  # not a filter batch: it records nothing filter consumed
+        record = _check_lineage(lineage)
+        if isinstance(record, str):
+            ledger.untrusted.append(f"{basename(shard)}: {record}")
+            continue
+        ledger.consumed.update(record["inputs"])
+        if record["invocation"] not in finished:
+            started = ledger.unfinished.setdefault(record["invocation"], {**record, "written": {}})
+            started["written"][record["part"]] = basename(shard)
+    return ledger
+
+
+def _resume(record: dict[str, Any], in_url: str, out_url: str, metrics_url: str | None,
+            cfg: FilterConfig) -> list[str] | str:
+    """Finish an interrupted invocation with this invocation's own config; or say why it cannot be."""
+    inv = record["invocation"]
+    if record["config_hash"] != config_hash(asdict(cfg)):
+        return (f"interrupted invocation {inv} ({len(record['written'])} of {record['parts']} batches) was "
+                f"written with another configuration (config hash {record['config_hash']}); its inputs stay "
+                f"consumed: re-run filter with the options that wrote it to write its other batches")
+    inputs = [join(in_url, name) for name in record["inputs"]]
+    try:
+        plan = plan_invocation(inputs, cfg, record["current_version"])
+    except (CorruptShardError, FileNotFoundError) as err:
+        return f"interrupted invocation {inv} cannot be resumed: {err}"
+    if plan.invocation != inv:
+        return f"interrupted invocation {inv} cannot be resumed: its inputs in {in_url} recompute to {plan.invocation}"
+    return commit_plan(plan, out_url, metrics_url, cfg, record["written"])
 
 
 def _write_json_atomic(url: str, obj: dict[str, Any]) -> None:
@@ -428,24 +561,28 @@ def run_filter(in_url: str, out_url: str, cfg: FilterConfig, current_version: in
                metrics_url: str | None = None, dry_run: bool = False, quarantine_bad: bool = False) -> dict[str, Any]:
     """One filter invocation over the not-yet-consumed input shards. Returns a summary dict."""
     cfg.check()
-    consumed, unfinished = _read_ledger(out_url)
+    ledger = _read_ledger(out_url)
     recovered: list[str] = []
+    unresumed: list[str] = []
     if not dry_run:
-        # A crash left an invocation half-written: replay it with its recorded config and version.
-        for inv, record in sorted(unfinished.items()):
-            old_cfg = FilterConfig(**record["config"])
-            plan = plan_invocation(record["inputs"], old_cfg, int(record["current_version"]))
-            if plan.invocation == inv:
-                recovered += commit_plan(plan, out_url, metrics_url, old_cfg, record["written"])
-    pending = [u for u in scan(in_url).shards if basename(u) not in consumed]
+        # A crash left an invocation half-written: finish it, if this invocation has its configuration.
+        for _, record in sorted(ledger.unfinished.items()):
+            outcome = _resume(record, in_url, out_url, metrics_url, cfg)
+            if isinstance(outcome, str):
+                unresumed.append(outcome)
+            else:
+                recovered.extend(outcome)
+    pending = [u for u in scan(in_url).shards if basename(u) not in ledger.consumed]
     pending, tables, quarantined = _read_inputs(pending, quarantine_bad and not dry_run)
     plan = plan_invocation(pending, cfg, current_version, tables)
     waiting = 0 < plan.groups_kept < cfg.min_groups
     summary: dict[str, Any] = {
         "inputs": [basename(u) for u in pending], "rows_in": plan.rows_in, "rules": plan.counts,
         "dropped": sum(v for k, v in plan.counts.items() if k != "balance"), "groups_kept": plan.groups_kept,
-        "rows_kept": sum(b.num_rows for b in plan.batches), "batches_planned": len(plan.batches), "batches": [], "current_version": current_version,
+        "rows_kept": sum(b.num_rows for b in plan.batches), "batches_planned": len(plan.batches), "batches": [],
+        "current_version": current_version,
         "waiting": waiting, "dry_run": dry_run, "recovered": recovered, "quarantined": quarantined,
+        "invalid": plan.invalid, "untrusted": ledger.untrusted, "unresumed": unresumed,
     }
     if dry_run or waiting or not pending:
         return summary

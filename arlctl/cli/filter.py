@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from arlctl.cli.common import console, handle_errors, print_json
@@ -12,11 +13,16 @@ from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.errors import UsageError
 from arlctl.io.fs import join
 
+MAX_INVALID_SHOWN = 10  # invalid rows named on stderr per invocation; --json carries them all
+
 HELP = """Filter rewarded trajectories and pack them into batch shards, one optimizer step each.
 
-Rules, in order, each reported with its count: completeness, group_integrity, zero_variance,
-duplicate, staleness, where, balance. Input shards already consumed (named in a batch's lineage)
-are skipped. Every trajectory's outcome is recorded in METRICS/filter-<invocation>.parquet.
+Rules, in order, each reported with its count: invalid_values, completeness, group_integrity,
+zero_variance, duplicate, staleness, where, balance. invalid_values drops rows holding values no stage
+may trust (token ids outside [0, --vocab-size), masks outside {0, 1}, non-finite log-probs or rewards,
+turn offsets outside the row, absurd versions), each named with its shard on stderr. Input shards
+already consumed (named in a batch's checked lineage) are skipped; lineage is compared by hash, never
+executed. Every trajectory's outcome is recorded in METRICS/filter-<invocation>.parquet.
 
   arlctl filter --run RUN
 
@@ -52,6 +58,8 @@ def register(app: typer.Typer) -> None:
         batch_groups: int = typer.Option(8, "--batch-groups", help="Groups per batch shard (one optimizer step)."),
         min_groups: int = typer.Option(1, "--min-groups", help="Wait (consume nothing) until this many groups."),
         seed: int = typer.Option(0, "--seed", help="Seed of the --keep-uniform choice."),
+        vocab_size: int = typer.Option(None, "--vocab-size",
+                                       help="Token ids must be below this (the policy's vocabulary size)."),
         quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt input shards to _quarantine/."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-rule table; write nothing."),
         watch: bool = typer.Option(False, "--watch", help=WATCH_HELP),
@@ -76,7 +84,7 @@ def register(app: typer.Typer) -> None:
         cfg = FilterConfig(keep_status=list(keep_status), min_group_size=min_group_size, keep_uniform=keep_uniform,
                            dedupe_threshold=dedupe_threshold, dedupe_ngram=dedupe_ngram, max_lag=max_lag,
                            decay=decay, where=where, max_pos_frac=max_pos_frac, adv=adv,
-                           batch_groups=batch_groups, min_groups=min_groups, seed=seed)
+                           batch_groups=batch_groups, min_groups=min_groups, seed=seed, vocab_size=vocab_size)
         def once(stop) -> dict:
             # The policy version moves while a daemon runs: read it every round (staleness is against it).
             now = current_version if current_version is not None else current_policy_version(policy_dir, ckpt_dir)
@@ -97,6 +105,16 @@ def _render(summary: dict[str, Any], out_url: str) -> None:
 
     for name in summary["quarantined"]:
         console.print(f"[yellow]quarantined corrupt input[/] {name}")
+    for line in summary["untrusted"]:
+        console.print(f"[yellow]warning:[/] lineage not trusted, it marks nothing consumed: {escape(line)}",
+                      soft_wrap=True)
+    for line in summary["unresumed"]:
+        console.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+    for line in summary["invalid"][:MAX_INVALID_SHOWN]:
+        console.print(f"[yellow]dropped invalid row[/] {escape(line)}", soft_wrap=True)
+    if len(summary["invalid"]) > MAX_INVALID_SHOWN:
+        console.print(f"[yellow]dropped invalid row[/] ... and {len(summary['invalid']) - MAX_INVALID_SHOWN} more "
+                      "(every one is in the metrics audit under rule invalid_values)")
     for name in summary["recovered"]:
         console.print(f"recovered interrupted batch [bold]{name}[/]")
     if not summary["inputs"]:

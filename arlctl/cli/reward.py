@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.cli.rollout import parse_env_options
 from arlctl.io.layout import resolve_io
+
+MAX_ROW_ERRORS_SHOWN = 10  # rows named on stderr per round; --json carries them all
 
 HELP = """Score trajectories with a reward function: fills reward, reward_components, reward_info and
 reward_version. Each input shard gives one output shard of the same name; re-running skips what the
@@ -18,6 +21,10 @@ output directory already holds (lineage), so it is safe after a crash or from cr
   arlctl reward --in runs/r1/rollouts --out runs/r1/rewarded-v2 --reward math --reward-opt format_weight=0.1
 
   arlctl reward --run runs/r1 --watch --poll 5 --worker 0/2      # a daemon taking half the shards
+
+A row whose task is not a JSON object, or that the reward function fails on, gets reward = null and
+reward_info {"error": cause}, named on stderr; its shard is still written. An unreadable input shard
+is reported (exit 1) after the others are rewarded; --quarantine moves it to _quarantine/ instead.
 """
 
 
@@ -56,6 +63,12 @@ def register(app: typer.Typer) -> None:
                 setattr(total, name, getattr(total, name) + getattr(done, name))
             total.written += done.written
             total.corrupt += done.corrupt
+            total.row_errors += done.row_errors
+            for line in done.row_errors[:MAX_ROW_ERRORS_SHOWN]:
+                console.print(f"[yellow]no reward[/] {escape(line)}", soft_wrap=True)
+            if len(done.row_errors) > MAX_ROW_ERRORS_SHOWN:
+                console.print(f"[yellow]no reward[/] ... and {len(done.row_errors) - MAX_ROW_ERRORS_SHOWN} more rows "
+                              "(each has reward_info.error)")
             return done.as_dict()
 
         run_stage(once, out=out, lock_name="reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}",
@@ -69,6 +82,7 @@ def register(app: typer.Typer) -> None:
         verb = "would write" if dry_run else "wrote"
         console.print(f"rewarded {summary['rows']} rows ({fn.version}), mean reward {mean}; {verb} "
                       f"{len(summary['written']) if not dry_run else summary['inputs'] - summary['skipped_consumed']} "
-                      f"shards to {out}; skipped {summary['skipped_consumed']} already consumed")
+                      f"shards to {out}; skipped {summary['skipped_consumed']} already consumed"
+                      + (f"; {len(summary['row_errors'])} rows got no reward (see above)" if summary["row_errors"] else ""))
         for line in summary["corrupt"]:
-            console.print(f"[yellow]quarantined[/] {line}")
+            console.print(f"[yellow]quarantined[/] {escape(line)}", soft_wrap=True)

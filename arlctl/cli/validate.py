@@ -3,28 +3,35 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.errors import CorruptShardError, TerminalError
+from arlctl.errors import CorruptShardError, TerminalError, UsageError
 from arlctl.io.shards import quarantine, read_shard, scan
 
-HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout).
-Exits 1 with one line per bad shard. --quarantine moves bad shards to `_quarantine/` beside them.
+HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every
+value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets
+inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule
+invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows.
+--quarantine moves bad shards to `_quarantine/` beside them. Files whose names hold glob characters
+(* ? [ ] { }) are never read.
 
   arlctl validate RUN/rollouts RUN/rewarded
+
+  arlctl validate RUN/batches --vocab-size 49152
 
   arlctl validate RUN/rollouts --quarantine --json
 """
 
 
-def validate_paths(paths: list[str], move_bad: bool) -> dict:
+def validate_paths(paths: list[str], move_bad: bool, vocab_size: int | None = None) -> dict:
     good, bad, strays = [], [], []
     for path in paths:
         listing = scan(path)
         strays.extend(listing.strays)
         for shard in listing.shards:
             try:
-                table = read_shard(shard)
+                table = read_shard(shard, vocab_size=vocab_size)
                 good.append({"shard": shard, "rows": table.num_rows})
             except CorruptShardError as err:
                 entry = {"shard": shard, "error": err.reason}
@@ -40,18 +47,22 @@ def register(app: typer.Typer) -> None:
     def validate(
         paths: list[str] = typer.Argument(..., help="Shard files or directories."),
         move_bad: bool = typer.Option(False, "--quarantine", help="Move bad shards to _quarantine/."),
+        vocab_size: int = typer.Option(None, "--vocab-size",
+                                       help="Token ids must be below this (the policy's vocabulary size)."),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
-        report = validate_paths(paths, move_bad)
+        if vocab_size is not None and vocab_size < 1:
+            raise UsageError("--vocab-size must be >= 1")
+        report = validate_paths(paths, move_bad, vocab_size)
         if not report["ok"] and not report["bad"]:
             raise TerminalError(f"no shards found at {', '.join(paths)}", hint="shards are *.parquet files")
         if as_json:
             print_json(report)
         for stray in report["strays"]:
-            console.print(f"[yellow]warning:[/] not a shard (ignored): {stray}", soft_wrap=True)
+            console.print(f"[yellow]warning:[/] not a shard (ignored): {escape(stray)}", soft_wrap=True)
         for entry in report["bad"]:
             moved = f" -> {entry['quarantined_to']}" if "quarantined_to" in entry else ""
-            console.print(f"[red]bad[/] {entry['shard']}: {entry['error']}{moved}", soft_wrap=True)
+            console.print(f"[red]bad[/] {escape(entry['shard'])}: {escape(entry['error'])}{escape(moved)}", soft_wrap=True)
         console.print(f"{report['ok']} good shards ({report['rows']} rows), {len(report['bad'])} bad")
         if report["bad"]:
             raise typer.Exit(1)

@@ -17,8 +17,14 @@ from arlctl.io.shards import list_shards
 VIEW = "trajectories"
 
 
+def literal_path(path: str) -> str:
+    """`path` as DuckDB must read it: exactly that file. read_parquet globs its arguments, so each glob
+    metacharacter goes in a one-character class (a file named `*.parquet` must not read the directory)."""
+    return "".join(f"[{c}]" if c in "*?[{" else c for c in path)
+
+
 def _sql_list(paths: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    return "[" + ", ".join("'" + literal_path(p).replace("'", "''") + "'" for p in paths) + "]"
 
 
 def connect(shards: Sequence[str], threads: int | None = None) -> duckdb.DuckDBPyConnection:

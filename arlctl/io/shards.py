@@ -7,6 +7,12 @@ or not at all). Readers never see dot- or underscore-prefixed names.
 Lineage travels inside each shard's Parquet key-value metadata: producer stage, arlctl version, host,
 pid, config hash and the input shards consumed. A stage learns what it already consumed by reading its
 own output directory (`consumed_inputs`): commit of the output is commit of consumption.
+
+Lineage is data: nothing read from a shard is ever executed, and a reader trusts a lineage record only
+as far as it can check it (see `consumed_inputs`). Shard names are data too: a name holding a glob
+character (`* ? [ ] { }`) is listed as a stray and never read, because DuckDB and fsspec would expand it
+into other files, hidden temp files included. Reading a shard checks its values (schemas/values.py)
+unless the caller drops bad rows itself (filter) or passes them through (reward).
 """
 
 from __future__ import annotations
@@ -33,11 +39,14 @@ from arlctl.schemas.trajectory import (
     check_version,
     conform,
     validate,
+    validate_structure,
 )
+from arlctl.schemas.values import check_values
 
 LINEAGE_KEY = b"arlctl.lineage"
 TARGET_ROW_GROUP_BYTES = 64 << 20  # uncompressed bytes per row group: large enough for fast scans
 ZSTD_LEVEL = 3
+GLOB_CHARS = frozenset("*?[]{}")  # what DuckDB's and fsspec's globbing expand inside a path
 
 
 @dataclass
@@ -135,7 +144,7 @@ def shard_name(prefix: str) -> str:
 @dataclass
 class DirListing:
     shards: list[str]  # visible *.parquet files, sorted by name
-    strays: list[str]  # visible files that are not Parquet shards (reported, never read)
+    strays: list[str]  # visible files that are not Parquet shards, or whose name globs (reported, never read)
 
 
 def scan(url: str) -> DirListing:
@@ -144,7 +153,7 @@ def scan(url: str) -> DirListing:
     # s3fs caches listings for the life of the process: a daemon polling its input must ask the store.
     fs.invalidate_cache(path)
     if fs.isfile(path):
-        return DirListing([to_url(fs, path)], []) if path.endswith(".parquet") else DirListing([], [url])
+        return DirListing([to_url(fs, path)], []) if is_shard_name(basename(path)) else DirListing([], [url])
     if not fs.exists(path):
         return DirListing([], [])
     shards, strays = [], []
@@ -152,8 +161,13 @@ def scan(url: str) -> DirListing:
         name = basename(entry["name"])
         if is_hidden(name) or entry["type"] != "file":
             continue
-        (shards if name.endswith(".parquet") else strays).append(to_url(fs, entry["name"]))
+        (shards if is_shard_name(name) else strays).append(to_url(fs, entry["name"]))
     return DirListing(shards, strays)
+
+
+def is_shard_name(name: str) -> bool:
+    """A visible `*.parquet` name that no glob can expand into other files."""
+    return name.endswith(".parquet") and not is_hidden(name) and not GLOB_CHARS & set(name)
 
 
 def list_shards(*urls: str) -> list[str]:
@@ -169,7 +183,12 @@ def list_shards(*urls: str) -> list[str]:
 def read_lineage(url: str) -> Lineage | None:
     meta = _read_footer(url).metadata or {}
     raw = meta.get(LINEAGE_KEY)
-    return Lineage.from_json(raw) if raw else None
+    if not raw:
+        return None
+    try:
+        return Lineage.from_json(raw)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise CorruptShardError(url, f"unreadable lineage metadata ({_one_line(err)})") from None
 
 
 def _read_footer(url: str) -> pa.Schema:
@@ -183,8 +202,16 @@ def _read_footer(url: str) -> pa.Schema:
         raise CorruptShardError(url, _one_line(err)) from None
 
 
-def read_shard(url: str, columns: list[str] | None = None) -> pa.Table:
-    """Read and validate one trajectory shard; any defect raises CorruptShardError naming the file."""
+def read_shard(url: str, columns: list[str] | None = None, *, bad_values: str = "raise",
+               vocab_size: int | None = None) -> pa.Table:
+    """Read and validate one trajectory shard; any defect raises CorruptShardError naming the file.
+
+    bad_values: "raise" also refuses a shard with any row that breaks a value rule (schemas/values.py);
+    "keep" returns such rows for a caller that drops them under a counted rule (filter) or passes them
+    on untouched (reward). vocab_size: token ids must be below it (unknown: only >= 0 is checked).
+    """
+    if bad_values not in ("raise", "keep"):
+        raise ValueError(f"bad_values must be 'raise' or 'keep', not {bad_values!r}")
     fs, path = get_fs(url)
     try:
         with fs.open(path, "rb") as fh:
@@ -198,7 +225,9 @@ def read_shard(url: str, columns: list[str] | None = None) -> pa.Table:
         raise CorruptShardError(url, "not an arlctl trajectory shard (no arlctl.schema metadata)")
     try:
         check_version(int(meta.get(b"arlctl.schema_version", b"0")))
-        validate(table)
+        validate_structure(table)
+        if bad_values == "raise":
+            check_values(table, vocab_size)
     except (SchemaError, ValueError) as err:
         raise CorruptShardError(url, _one_line(err)) from None
     table = conform(table)
@@ -245,16 +274,23 @@ def quarantine(url: str) -> str:
     return to_url(fs, target)
 
 
-def consumed_inputs(out_url: str) -> set[str]:
-    """Names (basenames) of every input shard recorded in the lineage of shards under out_url."""
+def consumed_inputs(out_url: str, same_name: bool = False) -> set[str]:
+    """Names (basenames) of every input shard recorded in the lineage of shards under out_url.
+
+    same_name: the 1:1 rule (reward): a shard vouches only for the input of its own name, so a planted
+    `other.parquet` that lists `part-1.parquet` marks nothing consumed. Unreadable lineage counts for
+    nothing; its shard's readers report it.
+    """
     consumed: set[str] = set()
     for shard in scan(out_url).shards:
         try:
             lineage = read_lineage(shard)
-        except CorruptShardError:
+        except (CorruptShardError, ValueError, TypeError):
             continue
-        if lineage:
-            consumed.update(basename(i) for i in lineage.inputs)
+        if lineage is None or not isinstance(lineage.inputs, list):
+            continue
+        names = {basename(i) for i in lineage.inputs if isinstance(i, str)}
+        consumed.update(names & {basename(shard)} if same_name else names)
     return consumed
 
 
@@ -264,7 +300,7 @@ def _one_line(err: BaseException) -> str:
 
 
 __all__ = [
-    "DirListing", "Lineage", "config_hash", "consumed_inputs", "join", "list_shards", "quarantine",
+    "DirListing", "Lineage", "config_hash", "consumed_inputs", "is_shard_name", "join", "list_shards", "quarantine",
     "read_dirs", "read_lineage", "read_shard", "read_shards", "scan", "shard_name", "write_shard",
     "write_table_atomic",
 ]

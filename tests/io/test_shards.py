@@ -189,3 +189,18 @@ def test_memory_filesystem_write_list_read():
     assert shards == [url]
     assert read_shard(url).equals(table)
     assert consumed_inputs("memory://arlctl-test/rollouts") == {"a"}
+
+
+def test_duckdb_reads_a_glob_named_file_as_that_file_alone(tmp_path):
+    """read_parquet globs its arguments: a shard literally named `a[1].parquet` or `*.parquet` must be
+    read as that one file, not as the files the pattern would match."""
+    from arlctl.io.duck import connect
+
+    table = synthetic_table(n_groups=1, group_size=2, seed=0)
+    for name in ("a1.parquet", "a[1].parquet", "*.parquet", "b.parquet"):
+        pq.write_table(table, tmp_path / name)
+    for name in ("a[1].parquet", "*.parquet"):
+        con = connect([str(tmp_path / name)])
+        files = con.execute("select distinct filename from trajectories").fetchall()
+        assert files == [(str(tmp_path / name),)]
+        assert con.execute("select count(*) from trajectories").fetchone()[0] == 2
