@@ -13,6 +13,11 @@ version.json first, so a version being removed is never half-visible. Checkpoint
 may be on different stores (local checkpoints, S3 policy; or the reverse).
 
 The optimizer, scheduler and RNG files of a checkpoint are not published: inference never needs them.
+
+Non-finite weights are never published (DESIGN.md §9): before a version is written or LATEST moves, every
+tensor of the checkpoint's safetensors is checked, and one holding NaN or inf is a TerminalError naming
+the checkpoint and the tensor; LATEST keeps naming the last good version. (A checkpoint on an object
+store is downloaded for this check: the weights must be read to be trusted.)
 """
 
 from __future__ import annotations
@@ -148,6 +153,23 @@ def _publish_to_store(source: Path | str, step: int, policy_dir: str) -> tuple[s
     return final, True
 
 
+def check_finite_weights(source: Path | str) -> None:
+    """Raise TerminalError when a tensor in the checkpoint's safetensors holds NaN or inf."""
+    if is_remote(source):
+        scratch = Path(tempfile.mkdtemp(prefix="arlctl-sync-check-"))
+        try:
+            download_dir(str(source), scratch, sorted(n for n in _hf_files(source) if n.endswith(".safetensors")))
+            bad = ckpt.nonfinite_weight(scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        bad = ckpt.nonfinite_weight(Path(source))
+    if bad is not None:
+        raise TerminalError(f"refusing to publish {source}: {bad}; LATEST unchanged",
+                            hint="these weights are broken; train on from an earlier checkpoint "
+                                 "(move this one aside) and check the train metrics' last_error")
+
+
 def sync(ckpt_dir: str, policy_dir: str, keep: int = 3, dry_run: bool = False) -> dict[str, Any]:
     """Publish the newest complete checkpoint, point LATEST at it, prune old versions. Returns a summary."""
     if keep < 1:
@@ -165,11 +187,15 @@ def sync(ckpt_dir: str, policy_dir: str, keep: int = 3, dry_run: bool = False) -
     summary: dict[str, Any] = {"version": step, "path": version_location(root, name), "source_checkpoint": str(source),
                                "previous": current, "published": False, "latest_updated": False, "stale": False,
                                "removed": []}
+    stale = current is not None and int(current[1:]) > step
+    published = read_version_info(root, name) is not None
+    if not stale and not (published and current == name):
+        check_finite_weights(source)  # before anything is written: LATEST stays on the last good version
     if dry_run:
-        summary["would_publish"] = read_version_info(root, name) is None
+        summary["would_publish"] = not published
         summary["would_update_latest"] = current != name
         return summary
-    if current is not None and int(current[1:]) > step:
+    if stale:
         # Never move LATEST backwards: a stale checkpoint dir must not roll inference back to older weights.
         summary["stale"] = True
         summary["removed"] = prune(root, keep)

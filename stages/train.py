@@ -12,6 +12,17 @@ Reads top to bottom like a torchtune recipe:
 Resuming continues exactly: the same next batch, the same weights, optimizer moments, LR and RNG, so K
 steps straight and K/2 + resume + K/2 give identical weights.
 
+Non-finite numbers never reach the weights (DESIGN.md §9), and no bad row blocks the run, by two counted
+rules:
+  rows      a row that breaks a value rule of the schema (schemas/values.py: NaN/inf log-probs, advantage
+            or weight, token ids outside the vocabulary, masks outside {0, 1}, ...) or has a non-finite
+            trained input is left out of its step (`rows_dropped_invalid`)
+  steps     a step whose loss or gradient norm is still non-finite (or that has no row left) is skipped:
+            no optimizer update, the batch still counts as consumed so the run never sticks on it
+            (`skipped_nonfinite`)
+Each event is a warning in the step's metrics (`errors`, `last_error`: what `arlctl status` shows) and in
+the checkpoint's state.json under `bad_values`, and is counted in the summary.
+
 --out may be an object-store URL (s3://bucket/run/checkpoints): checkpoints are then built locally and
 uploaded with state.json last, and a resume downloads the newest complete one (arlctl/rl/checkpoint.py).
 """
@@ -25,6 +36,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from warnings import catch_warnings, filterwarnings
 
 import pyarrow as pa
 import torch
@@ -33,8 +45,9 @@ from arlctl.errors import TerminalError, UsageError
 from arlctl.io.fs import basename, join
 from arlctl.io.shards import read_shard, scan, write_table_atomic
 from arlctl.rl import checkpoint as ckpt
-from arlctl.rl.batching import batch_columns, collate, plan_micro_batches, score_tokens
+from arlctl.rl.batching import batch_columns, collate, nonfinite_rows, plan_micro_batches, score_tokens
 from arlctl.rl.losses import LOSS_AGG_MODES, LossConfig, finalize_metrics, policy_loss
+from arlctl.schemas.values import find_bad_values
 
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("fp32", "bf16")
@@ -81,6 +94,19 @@ class TrainConfig:
             raise UsageError("--micro-tokens and --save-every must be >= 1")
         if self.keep_checkpoints < 0:
             raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Every float option is a finite number in its range: --lr inf would write inf weights."""
+        at_least_zero = {"--lr": self.lr, "--weight-decay": self.weight_decay, "--eps-low": self.eps_low,
+                         "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio}
+        above_zero = {"--grad-clip": self.grad_clip, "--temperature": self.temperature}
+        if self.tis_cap is not None:
+            above_zero["--tis-cap"] = self.tis_cap
+        for name, value in {**at_least_zero, **above_zero}.items():
+            if not math.isfinite(value) or value < 0 or (name in above_zero and value == 0):
+                bound = "> 0" if name in above_zero else ">= 0"
+                raise UsageError(f"{name} must be a finite number {bound}, not {value}")
 
     def loss(self) -> LossConfig:
         return LossConfig(eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=self.tis_cap,
@@ -158,24 +184,69 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     return out
 
 
+def rows_to_drop(batch: pa.Table, vocab_size: int | None) -> dict[int, str]:
+    """{row: why} for the rows no step may train on.
+
+    A row breaks a value rule of the schema (what `arlctl validate` refuses), or one of its trained inputs
+    is not a finite number (nonfinite_rows: the one rule the loss itself depends on, also for rows that
+    bypassed the readers).
+    """
+    dropped: dict[int, str] = {}
+    for problem in find_bad_values(batch, vocab_size):
+        dropped.setdefault(problem.row, problem.reason)
+    for row, why in nonfinite_rows(batch_columns(batch)).items():
+        dropped.setdefault(row, why)
+    return dropped
+
+
 def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any, batch: pa.Table,
-               cfg: TrainConfig) -> dict[str, float]:
-    """One optimizer step over one batch shard."""
+               cfg: TrainConfig) -> dict[str, Any]:
+    """One optimizer step over one batch shard, or a recorded skip when its gradient is not finite.
+
+    Besides the numbers, the metrics hold `rows_dropped_invalid` (rows left out), `skipped_nonfinite`
+    (1 when the optimizer did not step) and `warning` (what happened, "" when nothing did).
+    """
     started = time.perf_counter()
-
-    # 1. Gradient of the whole batch's loss, accumulated over micro-batches.
-    acc = forward_backward(model, ref_model, batch, cfg)
-
-    # 2. Clip the gradient norm, step the optimizer and the schedule, clear the gradients.
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
+
+    # 1. Leave out rows no step may read; the rule is counted, never silent.
+    dropped = rows_to_drop(batch, model.get_input_embeddings().num_embeddings)
+    warnings = []
+    if dropped:
+        first = min(dropped)
+        warnings.append(f"dropped {len(dropped)} of {batch.num_rows} rows with a bad value "
+                        f"(row {first}: {dropped[first]})")
+        batch = batch.filter(pa.array([i not in dropped for i in range(batch.num_rows)], pa.bool_()))
+
+    # 2. Gradient of the whole batch's loss, accumulated over micro-batches; then clip its norm.
+    skip = None
+    if batch.num_rows == 0:
+        acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": 0}
+        grad_norm = torch.tensor(0.0)
+        skip = "no row left to train on"
+    else:
+        acc = forward_backward(model, ref_model, batch, cfg)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if not math.isfinite(acc["loss"]):
+            skip = f"non-finite loss {acc['loss']}"
+        elif not bool(torch.isfinite(grad_norm)):
+            skip = f"non-finite gradient (norm {float(grad_norm)})"
+
+    # 3. Step the optimizer, unless the gradient is unusable: then the weights and the optimizer's moments
+    #    stay as they are. The schedule advances either way, so the LR stays a function of the step number.
+    if skip is None:
+        optimizer.step()
+    else:
+        warnings.append(f"optimizer step skipped: {skip}; weights unchanged")
+    with catch_warnings():
+        # torch warns when the schedule steps before any optimizer step: here that is a skipped step.
+        filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 
-    # 3. Metrics of this step.
+    # 4. Metrics of this step.
     elapsed = time.perf_counter() - started
-    metrics = finalize_metrics(acc["sums"])
+    metrics: dict[str, Any] = finalize_metrics(acc["sums"])
     rewards = torch.tensor([r for r in batch.column("reward").to_pylist() if r is not None], dtype=torch.float64)
     advantages = torch.tensor([a or 0.0 for a in batch.column("advantage").to_pylist()], dtype=torch.float64)
     metrics.update({
@@ -185,6 +256,8 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
         "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
         "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+        "rows_dropped_invalid": len(dropped), "skipped_nonfinite": int(skip is not None),
+        "warning": "; ".join(warnings),
     })
     return metrics
 
@@ -214,11 +287,13 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
 
     # 2. Batches not yet consumed, in name order. Nothing to do is cheap: no model is loaded.
     step, consumed = int(state["step"]), list(state["consumed_batches"])
+    ledger = BadValueLedger.from_state(state)
     todo = pending_batches(in_url, set(consumed))
     if cfg.max_steps is not None:
         todo = todo[: cfg.max_steps]
     summary = {"steps": 0, "step": step, "batches": [basename(u) for u in todo],
-               "checkpoint": str(latest[1]) if latest else None, "resumed_from": step if latest else None}
+               "checkpoint": str(latest[1]) if latest else None, "resumed_from": step if latest else None,
+               "skipped_nonfinite": 0, "rows_dropped_invalid": 0, "bad_value_events": []}
     if not todo:
         return summary
 
@@ -229,6 +304,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     with ckpt.local_copy(latest[1] if latest else None) as resume_from:
         start_path = resume_from or initial_policy
         model = load_model(start_path).to(device)
+        _refuse_nonfinite_start(model, latest[1] if latest else initial_policy)
         tokenizer = load_tokenizer(start_path) or load_tokenizer(initial_policy)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.adam_betas,
                                       weight_decay=cfg.weight_decay)
@@ -247,13 +323,13 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     history: list[dict[str, float]] = []
     saved_at, save_s = step, 0.0
     for url in todo:
-        batch = read_shard(url)
+        batch = read_shard(url, bad_values="keep")  # bad rows are dropped, counted, by train_step
         if batch.column("advantage").null_count:
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
         metrics = train_step(model, ref_model, optimizer, scheduler, batch, cfg)
         step += 1
         consumed.append(basename(url))
-        metrics.update(step=step)
+        metrics.update(step=step, **ledger.record(step, basename(url), metrics))
         history.append(metrics)
         if metrics_url:
             _write_metrics(metrics_url, step, basename(url), metrics)
@@ -261,19 +337,64 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
             on_step(step, metrics)
         if step % cfg.save_every == 0:
             save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
-                            url, policy)
+                            url, policy, ledger)
             saved_at = step
 
     # 6. Always leave the final state in a checkpoint.
     if step != saved_at:
         save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
-                        todo[-1], policy)
+                        todo[-1], policy, ledger)
+    events = [e for e in ledger.events if e["step"] > int(state["step"])]  # this invocation's
     return {
         **summary, "steps": len(history), "step": step, "save_s": save_s,
         "checkpoint": ckpt.checkpoint_location(ckpt_dir, step),
         "loss_mean": _mean(h["loss"] for h in history), "reward_mean": _mean(h["reward_mean"] for h in history),
         "tokens_per_s": _mean(h["tokens_per_s"] for h in history),
+        "skipped_nonfinite": sum(h["skipped_nonfinite"] for h in history),
+        "rows_dropped_invalid": sum(h["rows_dropped_invalid"] for h in history), "bad_value_events": events,
     }
+
+
+@dataclass
+class BadValueLedger:
+    """Every step skipped and row dropped for a bad or non-finite value since step 0, kept in state.json.
+
+    The counts are exact; only the newest MAX_EVENTS events are kept, so state.json stays small.
+    """
+
+    MAX_EVENTS = 100
+    events: list[dict[str, Any]] = field(default_factory=list)  # {step, batch, rows_dropped, skipped, warning}
+    rows_dropped: int = 0
+    steps_skipped: int = 0
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> BadValueLedger:
+        saved = state.get("bad_values") or {}
+        return cls(events=list(saved.get("events", [])), rows_dropped=int(saved.get("rows_dropped", 0)),
+                   steps_skipped=int(saved.get("steps_skipped", 0)))
+
+    def record(self, step: int, batch_name: str, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Add this step's events; returns the run-wide `errors` count and `last_error` for its metrics row."""
+        if metrics["warning"]:
+            self.rows_dropped += metrics["rows_dropped_invalid"]
+            self.steps_skipped += metrics["skipped_nonfinite"]
+            self.events.append({"step": step, "batch": batch_name, "rows_dropped": metrics["rows_dropped_invalid"],
+                                "skipped": bool(metrics["skipped_nonfinite"]), "warning": metrics["warning"]})
+            del self.events[: -self.MAX_EVENTS]
+        last = self.events[-1] if self.events else None
+        return {"errors": self.rows_dropped + self.steps_skipped,
+                "last_error": f"step {last['step']} ({last['batch']}): {last['warning']}" if last else ""}
+
+    def to_state(self) -> dict[str, Any]:
+        return {"events": self.events, "rows_dropped": self.rows_dropped, "steps_skipped": self.steps_skipped}
+
+
+def _refuse_nonfinite_start(model: Any, source: Path | str) -> None:
+    """Training on from NaN/inf weights would only skip every step: say which tensor is broken instead."""
+    bad = ckpt.first_nonfinite(model.state_dict().items())
+    if bad is not None:
+        raise TerminalError(f"cannot train from {source}: weight {bad[0]} holds {bad[1]}",
+                            hint="move this checkpoint aside to resume from the one before it")
 
 
 def _initial_policy(state: dict[str, Any], policy: str | None) -> Path:
@@ -289,21 +410,26 @@ def _initial_policy(state: dict[str, Any], policy: str | None) -> Path:
 
 
 def _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy, last_url,
-          policy) -> float:
+          policy, ledger: BadValueLedger) -> float:
     """Write a checkpoint; returns the seconds it took (on an object store: mostly the upload)."""
     started = time.perf_counter()
     state = {"step": step, "consumed_batches": list(consumed), "last_batch": basename(last_url),
              "config": asdict(cfg), "initial_policy": str(initial_policy), "policy_spec": policy,
-             "created_at": time.time()}
+             "created_at": time.time(), "bad_values": ledger.to_state()}
     ckpt.save_checkpoint(ckpt_dir, step, model, tokenizer, optimizer, scheduler, state)
     if cfg.keep_checkpoints:
         ckpt.prune_checkpoints(ckpt_dir, cfg.keep_checkpoints)
     return time.perf_counter() - started
 
 
-def _write_metrics(metrics_url: str, step: int, batch_name: str, metrics: dict[str, float]) -> None:
+COUNT_METRICS = ("errors", "rows_dropped_invalid", "skipped_nonfinite")  # integers in the metrics rows
+
+
+def _write_metrics(metrics_url: str, step: int, batch_name: str, metrics: dict[str, Any]) -> None:
     # One file per step with a deterministic name: a replay after a crash overwrites, never duplicates.
-    row = {"step": step, "batch": batch_name, "time": time.time(), **{k: float(v) for k, v in metrics.items() if k != "step"}}
+    row = {"step": step, "batch": batch_name, "time": time.time(),
+           **{k: v if isinstance(v, str) else int(v) if k in COUNT_METRICS else float(v)
+              for k, v in metrics.items() if k != "step"}}
     write_table_atomic(pa.Table.from_pylist([row]), join(metrics_url, f"train-step-{step:06d}.parquet"))
 
 

@@ -11,7 +11,8 @@ from arlctl.io.fs import join
 
 HELP = """Publish the newest complete checkpoint as POLICYDIR/vNNNNNN (HF files + version.json with the
 sha256 of the weights), atomically replace POLICYDIR/LATEST, keep the newest --keep versions.
-Idempotent: re-running with nothing new does nothing.
+Idempotent: re-running with nothing new does nothing. A checkpoint whose weights hold NaN or inf is
+refused (exit 1, naming the tensor) and LATEST keeps naming the last good version.
 
   arlctl sync --run RUN
 

@@ -17,6 +17,11 @@ Loss: PPO-clip on mask-1 tokens against the recorded behaviour log-probs, option
 importance sampling (--tis-cap) and k3 KL to the initial policy (--kl-coef), named aggregation
 (--loss-agg), per-row weights. Resumes from the newest checkpoint in --out by default.
 
+Non-finite values never reach the weights: a row with a bad value (NaN/inf log-prob, advantage or
+weight; token id outside the vocabulary; ...) is left out of its step, and a step whose gradient is still
+non-finite is skipped (its batch counts as consumed). Each event is a warning here, a count in --json
+(skipped_nonfinite, rows_dropped_invalid) and in the step's metrics (errors, last_error).
+
   arlctl train --run RUN --policy smollm2-135m
 
   arlctl train --in RUN/batches --policy RUN/policy --out RUN/checkpoints --lr 1e-6 --micro-tokens 4096
@@ -81,6 +86,9 @@ def register(app: typer.Typer) -> None:
                     console.print("nothing to do: every batch shard is already consumed")
             else:
                 console.print(f"trained {summary['steps']} steps; checkpoint {summary['checkpoint']}")
+                if summary["skipped_nonfinite"] or summary["rows_dropped_invalid"]:
+                    console.print(f"[yellow]warning:[/] {summary['skipped_nonfinite']} steps skipped and "
+                                  f"{summary['rows_dropped_invalid']} rows dropped for bad values")
             if as_json and (summary["steps"] or not watch):
                 print_json(summary)
             return summary
@@ -96,3 +104,6 @@ def _line(step: int, m: dict[str, Any]) -> None:
         f"clip {m['clip_frac_low']:.3f}/{m['clip_frac_high']:.3f}  gnorm {m['grad_norm']:.3f}  "
         f"lr {m['lr']:.1e}  {m['tokens_per_s']:.0f} tok/s"
     )
+    if m.get("warning"):
+        # markup=False: the text quotes values read from a shard.
+        console.print(f"warning: step {step}: {m['warning']}", markup=False, style="yellow", soft_wrap=True)

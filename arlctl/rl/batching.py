@@ -6,10 +6,14 @@ length so that rows of similar length share a micro-batch and padding stays smal
 Scoring runs the decoder once over prompt_ids + response_ids and applies the LM head only at positions
 whose next token is a trained (mask-1) token: in agentic rows most response tokens are environment
 output, and the [tokens x vocab] head and softmax dominate a small model's cost.
+
+`nonfinite_rows` names the rows a trainer must not use: a NaN or infinite number where the loss reads it
+(a mask-1 behaviour log-prob, the advantage, the weight). Off-mask values are never read (losses.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +62,27 @@ COLLATE_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "response_logp
 def batch_columns(table: pa.Table) -> dict[str, list]:
     """The columns collate needs, as Python lists: convert once per batch, not once per micro-batch."""
     return {name: table.column(name).to_pylist() for name in COLLATE_COLUMNS}
+
+
+def nonfinite_rows(cols: dict[str, list]) -> dict[int, str]:
+    """{row index: why} for rows with a non-finite trained input; takes `batch_columns` output.
+
+    Checked: the advantage and the weight (null means 0 and 1, as in `collate`), and the behaviour
+    log-prob of every mask-1 token. A mask-0 log-prob may be anything: the loss never reads it.
+    """
+    bad: dict[int, str] = {}
+    rows = zip(cols["advantage"], cols["weight"], cols["response_mask"], cols["response_logprobs"], strict=True)
+    for i, (adv, weight, mask, logprobs) in enumerate(rows):
+        if adv is not None and not math.isfinite(adv):
+            bad[i] = f"advantage {adv}"
+        elif weight is not None and not math.isfinite(weight):
+            bad[i] = f"weight {weight}"
+        else:
+            for t, (m, lp) in enumerate(zip(mask, logprobs, strict=False)):
+                if m and (lp is None or not math.isfinite(lp)):
+                    bad[i] = f"behaviour log-prob {lp} at response token {t}"
+                    break
+    return bad
 
 
 def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:

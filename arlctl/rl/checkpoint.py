@@ -15,6 +15,9 @@ A policy directory `POLICYDIR/vNNNNNN/` holds the HF files and `version.json`; `
 the current version and is replaced atomically (one PUT on object stores). `resolve_policy_path` turns
 any `--policy` spec into an HF directory: a policy dir (follows LATEST), a checkpoint or HF dir, the
 embedded model's name, or a URL of any of these (downloaded into the loader's cache).
+
+Non-finite weights are never written or published: `save_checkpoint` refuses a model with a NaN or inf
+parameter, and `nonfinite_weight` finds the first such tensor in a directory's safetensors for `sync`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -174,12 +177,45 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def first_nonfinite(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, str] | None:
+    """(name, what is wrong) of the first floating-point tensor holding NaN or inf, else None."""
+    for name, tensor in tensors:
+        if not tensor.is_floating_point():
+            continue
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            nan = int(torch.isnan(tensor).sum())
+            return name, f"{nan} NaN and {int((~finite).sum()) - nan} inf of {tensor.numel()} values"
+    return None
+
+
+def nonfinite_weight(directory: Path) -> str | None:
+    """A one-line description of the first non-finite tensor in `directory`'s *.safetensors, else None.
+
+    Tensors are read one at a time (safetensors maps the file), so a large model needs little memory.
+    """
+    from safetensors import safe_open
+
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            names = fh.keys()  # a list, in the file's (sorted) order
+            bad = first_nonfinite((name, fh.get_tensor(name)) for name in names)
+        if bad is not None:
+            return f"tensor {bad[0]} in {path.name} holds {bad[1]}"
+    return None
+
+
 def save_checkpoint(ckpt_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
                     state: dict[str, Any]) -> Path | str:
     """Write step-NNNNNN atomically: build a hidden temp dir, fsync, rename. Returns the final path.
 
     On an object store: build locally, upload, state.json last (see the module docstring); returns the URL.
+    A model with a non-finite parameter is refused (TerminalError): such weights must never reach sync.
     """
+    bad = first_nonfinite(model.state_dict().items())
+    if bad is not None:
+        raise TerminalError(f"refusing to save {step_dir_name(step)}: weight {bad[0]} holds {bad[1]}",
+                            hint="the newest complete checkpoint is unchanged; lower --lr or --grad-clip")
     if is_remote(ckpt_dir):
         return _save_remote(str(ckpt_dir), step, model, tokenizer, optimizer, scheduler, state)
     root = Path(ckpt_dir)

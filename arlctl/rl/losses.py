@@ -13,6 +13,13 @@ Pieces, composed by `policy_loss`:
 
 Gradient accumulation is exact: `aggregate_loss` takes the denominators of the whole optimizer batch
 (`num_tokens`, `num_seqs`) so that summing the micro-batch losses gives the full-batch loss.
+
+Non-finite numbers never reach the weights (DESIGN.md §9). `policy_loss` zeroes every mask-0 position of
+its inputs before any arithmetic, because 0 * NaN is NaN and the backward pass of exp, mul and min
+multiplies by the forward values: a NaN or -inf recorded off the mask would otherwise poison the whole
+gradient. Every log-ratio is clamped to +-LOG_RATIO_CLAMP before exp, so a -inf behaviour log-prob gives a
+large finite ratio rather than inf. A non-finite value *on* the mask is not repaired here: `train` drops such
+rows under a counted rule and skips a step whose gradient is still non-finite.
 """
 
 from __future__ import annotations
@@ -22,6 +29,23 @@ from dataclasses import dataclass
 import torch
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+# exp(20) ~ 4.9e8: far outside any PPO clip band, far inside float32 (as verl clamps its log-ratios).
+LOG_RATIO_CLAMP = 20.0
+
+
+def clamped_exp(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp of a log-ratio clamped to +-LOG_RATIO_CLAMP: finite for every finite or infinite input (NaN stays)."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def zero_off_mask(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values where mask is 1, exactly 0 elsewhere (even where values hold NaN or inf). Broadcasts [B] -> [B, T].
+
+    `torch.where`, not a product: 0 * NaN is NaN, and where's backward sends no gradient to the off branch.
+    """
+    if values.dim() == 1 and mask.dim() == 2:
+        values = values.unsqueeze(-1)  # [B, 1]
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -39,9 +63,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of values over mask-1 positions; 0 when the mask is empty."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+    """Mean of values over mask-1 positions; 0 when the mask is empty. Off-mask NaN/inf take no part."""
+    return zero_off_mask(values, mask).sum() / mask.to(values.dtype).sum().clamp(min=1)
 
 
 def ppo_clip_loss(
@@ -53,13 +76,14 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip loss and ratio. logp, old_logp [B, T]; advantages [B] or [B, T].
 
-    loss = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with r = exp(logp - old_logp).
+    loss = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with r = exp(logp - old_logp), the log-ratio
+    clamped to +-LOG_RATIO_CLAMP first (no gradient flows through a clamped log-ratio).
     Asymmetric bounds (eps_high > eps_low, "clip-higher" from DAPO) let rare good tokens grow faster.
     Returns (loss [B, T], ratio [B, T]).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # [B, 1], broadcast over tokens
-    ratio = torch.exp(logp - old_logp)  # [B, T]
+    ratio = clamped_exp(logp - old_logp)  # [B, T]
     unclipped = ratio * advantages  # [B, T]
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages  # [B, T]
     return -torch.min(unclipped, clipped), ratio
@@ -71,12 +95,15 @@ def truncated_is_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tens
     Corrects for numeric mismatch between the inference engine that sampled (behaviour) and the
     trainer's own forward pass of the same weights (proximal); the cap bounds the variance.
     """
-    return torch.exp(proximal_logp.detach() - behaviour_logp).clamp(max=cap)
+    return clamped_exp(proximal_logp.detach() - behaviour_logp).clamp(max=cap)
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(pi || pi_ref) per token: exp(d) - d - 1 with d = ref_logp - logp. Always >= 0."""
-    delta = ref_logp - logp  # [B, T]
+    """k3 estimator of KL(pi || pi_ref) per token: exp(d) - d - 1 with d = ref_logp - logp. Always >= 0.
+
+    d is clamped to +-LOG_RATIO_CLAMP like every log-ratio, so the estimate stays finite.
+    """
+    delta = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
     return torch.exp(delta) - delta - 1.0
 
 
@@ -95,9 +122,10 @@ def aggregate_loss(
 
     N_tokens / N_seqs default to this tensor's own counts; pass the whole optimizer batch's counts when
     accumulating micro-batches. Every denominator is clamped to >= 1. An unknown mode raises ValueError.
+    Mask-0 positions are selected away (not multiplied by 0), so a NaN there cannot reach the sum.
     """
+    masked = zero_off_mask(per_token, mask)  # [B, T]
     mask = mask.to(per_token.dtype)
-    masked = per_token * mask  # [B, T]
     if mode == "token-mean":
         denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=per_token.dtype)
         return masked.sum() / denom.clamp(min=1)
@@ -142,8 +170,19 @@ def policy_loss(
 
     Metrics are returned as *sums over mask-1 tokens* (plus `tokens`) so micro-batches can be added up
     and divided once; see `finalize_metrics`.
+
+    Every input is zeroed at mask-0 positions before any arithmetic (see the module docstring): the loss
+    and its gradient do not depend on what lies off the mask, NaN and inf included.
     """
     mask_f = mask.to(logp.dtype)  # [B, T]
+    # 0. Zero the off-mask positions first: nothing recorded there may take part in the arithmetic.
+    logp = zero_off_mask(logp, mask)  # [B, T]
+    behaviour_logp = zero_off_mask(behaviour_logp, mask)  # [B, T]
+    advantages = zero_off_mask(advantages, mask)  # [B, T]
+    if weights is not None:
+        weights = zero_off_mask(weights.to(logp.dtype), mask)  # [B, T]
+    if ref_logp is not None:
+        ref_logp = zero_off_mask(ref_logp, mask)  # [B, T]
     old_logp = behaviour_logp if cfg.tis_cap is None else logp.detach()  # [B, T]
     per_token, ratio = ppo_clip_loss(logp, old_logp, advantages, cfg.eps_low, cfg.eps_high)  # [B, T] x2
     if cfg.tis_cap is not None:
@@ -152,7 +191,7 @@ def policy_loss(
     if cfg.kl_coef:
         per_token = per_token + cfg.kl_coef * kl  # [B, T]
     if weights is not None:
-        per_token = per_token * weights.to(per_token.dtype).unsqueeze(-1)  # [B, T]
+        per_token = per_token * weights.to(per_token.dtype)  # [B, T]
     loss = aggregate_loss(per_token, mask, cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
     return loss, _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg)
 
@@ -163,10 +202,10 @@ def _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg: LossC
         # A token is "clipped" when the clipped branch is the active (gradient-free) one.
         clip_low = ((ratio < 1.0 - cfg.eps_low) & (adv < 0)).to(mask_f.dtype)  # [B, T]
         clip_high = ((ratio > 1.0 + cfg.eps_high) & (adv > 0)).to(mask_f.dtype)  # [B, T]
-        log_ratio = (logp - behaviour_logp).detach()  # [B, T]
-        approx_kl = torch.exp(log_ratio) - 1.0 - log_ratio  # [B, T] k3 of KL(pi_behaviour || pi_theta)
+        log_ratio = (logp - behaviour_logp).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
+        behaviour_ratio = torch.exp(log_ratio)  # [B, T]
+        approx_kl = behaviour_ratio - 1.0 - log_ratio  # [B, T] k3 of KL(pi_behaviour || pi_theta)
         on = mask_f > 0
-        behaviour_ratio = torch.exp(log_ratio)
         return {
             "tokens": mask_f.sum(),
             "clip_frac_low": (clip_low * mask_f).sum(),
