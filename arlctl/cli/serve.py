@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import signal
 from typing import Any
 
 import typer
 
 from arlctl.cli.common import console, handle_errors
+from arlctl.errors import TerminalError, UsageError
+from arlctl.serve.validation import DEFAULT_MAX_BODY_BYTES
 
 HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and record
 each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces
@@ -19,7 +23,9 @@ training data.
 
 A session is named by the X-Arlctl-Session request header (else found by matching the conversation
 prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops;
-its rows are written then. Ctrl-C writes every open session and exits.
+its rows are written then. Ctrl-C or SIGTERM writes every open session and exits (a second one exits
+at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400
+naming the field. Exit status 1 when some session's rows could not be written (each is logged).
 """
 
 
@@ -36,13 +42,21 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(256, "--max-tokens", help="Default max tokens per reply."),
         max_batch: int = typer.Option(16, "--max-batch", help="Sequences per forward pass (hf, vllm)."),
         server: list[str] = typer.Option([], "--server", help="Upstream server URL (openai backend; repeatable)."),
+        max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, "--max-body-bytes",
+                                           help="Largest request body accepted (bigger: 413)."),
     ) -> None:
         from arlctl.inference.loader import load_policy
+        from arlctl.inference.sampling_check import MAX_NEW_TOKENS, check_int
         from arlctl.serve.app import ServeState
 
+        check_int("--max-tokens", max_tokens, 1, MAX_NEW_TOKENS)
+        check_int("--max-body-bytes", max_body_bytes, 1, 1 << 40)
+        if not (math.isfinite(idle_timeout) and idle_timeout > 0):
+            raise UsageError(f"--idle-timeout must be a positive number of seconds, got {idle_timeout}")
         opts: dict[str, Any] = {"max_batch": max_batch} if backend == "hf" else {}
         pol = load_policy(policy, backend=backend, **opts)
-        state = ServeState(pol, record, idle_timeout_s=idle_timeout, default_max_tokens=max_tokens)
+        state = ServeState(pol, record, idle_timeout_s=idle_timeout, default_max_tokens=max_tokens,
+                           max_body_bytes=max_body_bytes)
         console.print(f"serving {pol.name} (v{pol.version}) on http://{host}:{port}/v1"
                       + (f", recording to {record}" if record else ", not recording"))
         try:
@@ -50,12 +64,28 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             pass
         console.print(f"wrote {len(state.rows_written)} rows in {len(state.writer.written)} shards")
+        if state.failed:
+            first = next(iter(state.failed.items()))
+            raise TerminalError(f"{len(state.failed)} sessions could not be written (first: {first[0]}: {first[1]})",
+                                hint="see the log above for each session's error")
 
 
 async def _main(state: Any, host: str, port: int) -> None:
+    """Serve until SIGINT or SIGTERM; both end the same way: every open session written, then exit."""
     from arlctl.serve.app import serve_forever
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second signal: stop now
+        console.print(f"{name}: writing every open session, then exiting")
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig.name)
     try:
-        await serve_forever(state, host, port)
+        await serve_forever(state, host, port, stop=stop)
     finally:
         await state.policy.close()

@@ -50,6 +50,7 @@ import torch  # noqa: E402
 
 from arlctl.errors import TerminalError, TransientError, UsageError  # noqa: E402
 from arlctl.inference.base import Generation, SamplingParams  # noqa: E402
+from arlctl.inference.sampling_check import check_sampling  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -187,6 +188,7 @@ class HFPolicy:
     # ---- the Policy protocol (called on the event loop; never blocks it) ----
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model
         if not prompt_ids:
             raise UsageError("generate needs at least one prompt token")
         if min(prompt_ids) < 0 or max(prompt_ids) >= self._vocab_size:

@@ -41,6 +41,7 @@ from typing import Any
 
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Generation, SamplingParams
+from arlctl.inference.sampling_check import check_sampling
 
 # Set per trajectory task for explicit sticky routing (optional; prefix matching works without it).
 route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("arlctl_route_key", default=None)
@@ -148,6 +149,7 @@ class OpenAIPolicy:
     # ---- the Policy protocol ----
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model
         if not prompt_ids:
             raise UsageError("generate needs at least one prompt token")
         key = route_key.get()

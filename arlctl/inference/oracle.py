@@ -19,6 +19,7 @@ from typing import Any
 from arlctl.envs.swe.diffs import split_sections
 from arlctl.errors import UsageError
 from arlctl.inference.base import Generation, SamplingParams
+from arlctl.inference.sampling_check import check_sampling
 
 _TASK_RE = re.compile(r"\(task ([A-Za-z0-9_.\-/]+)\)")
 
@@ -127,6 +128,7 @@ class OraclePolicy:
         return render_calls([plan[min(done, len(plan) - 1)]])
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         ids = self.tokenizer(self.script(prompt), add_special_tokens=False)["input_ids"] + self.stop_ids
         finish = "stop"

@@ -40,6 +40,7 @@ from typing import Any
 
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Generation, SamplingParams
+from arlctl.inference.sampling_check import check_sampling
 
 WORKER_EXTENSION = "arlctl.inference.vllm.ArlctlWorkerExtension"
 
@@ -130,6 +131,7 @@ class VLLMPolicy:
         from vllm import SamplingParams as VllmSampling
         from vllm.inputs import TokensPrompt
 
+        check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model
         if not prompt_ids:
             raise UsageError("generate needs at least one prompt token")
         if len(prompt_ids) >= self.max_context:

@@ -13,79 +13,121 @@ Requests of one session are served one at a time (a lock per session), since eac
 Streaming is not supported (400); `stop` strings are not supported (ignored: stopping is on EOS, the
 chat template's end-of-turn token, or max_tokens). With `tools`, the reply's hermes `<tool_call>` blocks
 are parsed (arlctl.tools) into OpenAI `tool_calls`; the text outside them becomes `content`.
+
+Hostile clients (issue 12): every request is checked field by field before it touches a session
+(arlctl.serve.validation: a 400 naming the field, never a 500 with a traceback); a body over
+`max_body_bytes` is a 413 before it is read; parsing and tokenising run in a thread pool, so a large
+body never stalls the event loop; a request that fails after its record was extended is rolled back;
+and the idle reaper survives anything one session can do to it: a session whose rows cannot be written
+is logged and marked (/health `sessions_failed`, the CLI's exit status), and the loop goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from aiohttp import web
+from jinja2 import TemplateError
 
-from arlctl.errors import TerminalError, TransientError
-from arlctl.inference.base import Policy, SamplingParams
+from arlctl.errors import TerminalError, TransientError, UsageError
+from arlctl.inference.base import Generation, Policy, SamplingParams
 from arlctl.inference.chat import ChatCodec
 from arlctl.io.shards import Lineage
 from arlctl.io.sink import GroupShardWriter
 from arlctl.schemas.rows import TrajectoryRow
 from arlctl.serve.recorder import Recorder, Session
+from arlctl.serve.validation import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodyTooLarge,
+    chat_request,
+    check_session_id,
+    completion_request,
+    parse_body,
+)
 from arlctl.tools.hermes import parse_hermes, strip_tool_calls
 from arlctl.tools.render import assistant_tool_calls
 
 SESSION_HEADER = "X-Arlctl-Session"
+MAX_FAILED_LISTED = 20  # failed session ids shown by /health (all are counted)
+
+log = logging.getLogger("arlctl.serve")
+T = TypeVar("T")
 
 
 class ServeState:
     """Everything the handlers share: the policy, the recorder, the writer, per-session locks."""
 
     def __init__(self, policy: Policy, record_dir: str | None, idle_timeout_s: float = 600.0,
-                 default_max_tokens: int = 256):
+                 default_max_tokens: int = 256, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
         self.policy = policy
         self.codec = ChatCodec(policy.tokenizer)
         self.recorder = Recorder(self.codec, policy.name)
         self.idle_timeout_s = idle_timeout_s
         self.default_max_tokens = default_max_tokens
+        self.max_body_bytes = max_body_bytes
+        self.vocab_size = len(policy.tokenizer)  # prompt ids must decode: the tokenizer's vocabulary
         self.writer = GroupShardWriter(
             record_dir or "", lambda: Lineage(stage="serve", extra={"policy": policy.name}),
             flush_groups=1, prefix="serve", dry_run=record_dir is None)
+        # Parsing and tokenising run here, never on the event loop (a 4 MB prompt takes seconds).
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arlctl-serve")
         self.locks: dict[str, asyncio.Lock] = {}
         self.rows_written: list[TrajectoryRow] = []
-        self.stats = {"requests": 0, "in_flight": 0, "generated_tokens": 0, "sessions_ended": 0}
+        self.failed: dict[str, str] = {}  # session id -> why its rows could not be written
+        self.stats = {"requests": 0, "in_flight": 0, "preparing": 0, "generated_tokens": 0,
+                      "sessions_ended": 0, "sessions_failed": 0}
 
     def lock(self, session_id: str) -> asyncio.Lock:
         return self.locks.setdefault(session_id, asyncio.Lock())
 
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) in the worker pool. If the request is cancelled meanwhile, the thread (which cannot
+        be stopped) is still waited for, so nobody rolls back a record while it is being written."""
+        future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future])
+            raise
+
     async def end_session(self, session_id: str, reason: str) -> int:
-        rows = self.recorder.end(session_id, reason)
+        """Close one session and write its rows; never raises (a failure is logged and marked)."""
         self.locks.pop(session_id, None)
-        if rows:
-            await self.writer.add_group(rows)
-            self.rows_written.extend(rows)
         self.stats["sessions_ended"] += 1
-        return len(rows)
+        try:
+            rows = self.recorder.end(session_id, reason)
+            if rows:
+                await self.writer.add_group(rows)
+                self.rows_written.extend(rows)
+            return len(rows)
+        except Exception as err:  # one bad session must not stop the others being written
+            self.recorder.sessions.pop(session_id, None)  # never retried forever
+            self.mark_failed(session_id, err)
+            return 0
+
+    def mark_failed(self, session_id: str, err: BaseException) -> None:
+        log.error("session %s could not be written: %s: %s", session_id, type(err).__name__, err,
+                  exc_info=(type(err), err, err.__traceback__))
+        self.failed[session_id] = f"{type(err).__name__}: {err}"[:500]
+        self.stats["sessions_failed"] += 1
 
     async def end_all(self, reason: str) -> None:
         for sid in list(self.recorder.sessions):
             await self.end_session(sid, reason)
-        await self.writer.flush()
+        try:
+            await self.writer.flush()
+        except Exception as err:
+            self.mark_failed("(final flush)", err)
 
 
 STATE = web.AppKey("arlctl_serve_state", ServeState)
-
-
-def sampling_from(body: dict[str, Any], default_max_tokens: int) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
-    temperature = body.get("temperature")
-    top_p = body.get("top_p")
-    return SamplingParams(
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=1.0 if top_p is None else float(top_p),
-        max_new_tokens=int(max_tokens),
-        seed=body.get("seed"),
-    )
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -107,35 +149,57 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _request_body(request: web.Request) -> dict[str, Any] | web.Response:
-    """The JSON body of a completion request, or the 400 response that rejects it."""
+async def _read_body(request: web.Request, state: ServeState) -> dict[str, Any]:
+    """The parsed JSON body; BodyTooLarge (413) before reading when it is over the limit."""
+    limit = state.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"the body is {request.content_length} bytes; this server takes at most {limit}",
+                           hint="raise --max-body-bytes")
     try:
-        body = await request.json()
-    except ValueError:
-        return _error(400, "the body is not JSON")
-    if not isinstance(body, dict):
-        return _error(400, "the body must be a JSON object")
-    if body.get("stream"):
-        return _error(400, "streaming is not supported by arlctl serve")
-    return body
+        raw = await request.read()  # aiohttp stops reading past client_max_size (chunked bodies too)
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(f"the body is over the {limit}-byte limit", hint="raise --max-body-bytes") from None
+    return await state.offload(parse_body, raw)
+
+
+def _header_session(request: web.Request) -> str | None:
+    sid = request.headers.get(SESSION_HEADER)
+    return None if sid is None else check_session_id(sid)
+
+
+async def _turn(state: ServeState, session: Session, prepare: Callable[..., list[int]], args: tuple[Any, ...],
+                sampling: SamplingParams) -> tuple[list[int], Generation, float]:
+    """Extend the session's record (in the pool) and generate; on any failure undo the extension."""
+    if not state.recorder.is_open(session):  # it ended (idle, or a failed first request) while we waited
+        raise TransientError(f"session {session.id} ended while this request waited", hint="retry the request")
+    undo = state.recorder.checkpoint(session)
+    try:
+        state.stats["preparing"] += 1
+        try:
+            ids = await state.offload(prepare, session, *args)
+        except TemplateError as err:
+            raise UsageError(f"the chat template cannot render these messages: {err}") from None
+        finally:
+            state.stats["preparing"] -= 1
+        gen, latency = await _generate(state, session, ids, sampling)
+    except BaseException:
+        state.recorder.rollback(session, undo)
+        raise
+    return ids, gen, latency
 
 
 async def chat_completions(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
-    body = await _request_body(request)
-    if isinstance(body, web.Response):
-        return body
-    messages, tools = body.get("messages") or [], body.get("tools") or []
-    if not messages:
-        return _error(400, "messages must be a non-empty list")
-    sid = request.headers.get(SESSION_HEADER)
-    session = state.recorder.session(sid) if sid else (state.recorder.match_chat(messages, tools)
-                                                        or state.recorder.session(None))
+    body = await _read_body(request, state)
+    chat = chat_request(body, state.default_max_tokens)
+    sid = _header_session(request)
+    matched = None if sid else await state.offload(state.recorder.match_chat, chat.messages, chat.tools)
+    session = matched or state.recorder.session(sid)
     async with state.lock(session.id):
-        ids = state.recorder.prepare_chat(session, messages, tools)
-        gen, latency = await _generate(state, session, ids, sampling_from(body, state.default_max_tokens))
+        ids, gen, latency = await _turn(state, session, state.recorder.prepare_chat, (chat.messages, chat.tools),
+                                        chat.sampling)
         raw_text, _glue = state.codec.split_generation(gen.ids)
-        content, tool_calls = split_reply(raw_text, tools)
+        content, tool_calls = split_reply(raw_text, chat.tools)
         state.recorder.record_chat(session, gen, raw_text, content, tool_calls, latency)
     finish = "tool_calls" if tool_calls else gen.finish_reason
     message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -153,23 +217,16 @@ async def chat_completions(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
-    body = await _request_body(request)
-    if isinstance(body, web.Response):
-        return body
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # the OpenAI API allows a batch; one prompt per request here
-    if not (isinstance(prompt, str) and prompt) and not (isinstance(prompt, list) and prompt
-                                                         and all(isinstance(t, int) for t in prompt)):
-        return _error(400, "prompt must be a non-empty string or list of token ids")
-    session = state.recorder.session(request.headers.get(SESSION_HEADER))
+    body = await _read_body(request, state)
+    req = completion_request(body, state.default_max_tokens, state.vocab_size)
+    session = state.recorder.session(_header_session(request))
     async with state.lock(session.id):
-        ids = state.recorder.prepare_completion(session, prompt)
-        gen, latency = await _generate(state, session, ids, sampling_from(body, state.default_max_tokens))
+        ids, gen, latency = await _turn(state, session, state.recorder.prepare_completion, (req.prompt,),
+                                        req.sampling)
         text = state.recorder.record_completion(session, gen, latency)
     choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": gen.finish_reason,
                               "token_ids": gen.ids, "logprobs": None}
-    if body.get("logprobs") is not None:
+    if req.logprobs:
         choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in gen.ids],
                               "token_logprobs": [float(lp) for lp in gen.logprobs]}
     payload = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -193,11 +250,14 @@ async def _generate(state: ServeState, session: Session, ids: list[int], samplin
 
 async def end_session(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
-    sid = request.match_info["sid"]
+    sid = check_session_id(request.match_info["sid"])
     if sid not in state.recorder.sessions:
         return _error(404, f"no open session {sid!r}")
     async with state.lock(sid):
         rows = await state.end_session(sid, "ended")
+    if sid in state.failed:
+        return web.json_response({"error": {"message": f"session {sid} could not be written: {state.failed[sid]}",
+                                            "type": "server_error"}}, status=500)
     return web.json_response({"session": sid, "rows": rows})
 
 
@@ -209,33 +269,56 @@ async def models(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
-    return web.json_response({"ok": True, "sessions": len(state.recorder.sessions), **state.stats})
+    return web.json_response({"ok": True, "sessions": len(state.recorder.sessions), **state.stats,
+                              "failed_sessions": list(state.failed)[:MAX_FAILED_LISTED]})
 
 
 async def _reaper(state: ServeState) -> None:
-    """End sessions idle for longer than the timeout (checked several times per timeout)."""
+    """End sessions idle for longer than the timeout (checked several times per timeout).
+
+    It cannot die: end_session never raises, and anything else one pass throws is logged and the next
+    pass runs (before, one unwritable session ended the task and no session was ever written again).
+    """
     while True:
         await asyncio.sleep(max(0.05, state.idle_timeout_s / 4))
-        for sid in state.recorder.idle(state.idle_timeout_s):
-            lock = state.lock(sid)
-            if not lock.locked():
-                async with lock:
-                    await state.end_session(sid, "idle")
+        try:
+            await _reap_once(state)
+        except Exception:
+            log.exception("idle reaper: a pass failed; the next one runs as usual")
+
+
+async def _reap_once(state: ServeState) -> None:
+    for sid in state.recorder.idle(state.idle_timeout_s):
+        lock = state.lock(sid)
+        if not lock.locked():
+            async with lock:
+                await state.end_session(sid, "idle")
+    for sid in [s for s, lock in state.locks.items() if s not in state.recorder.sessions and not lock.locked()]:
+        del state.locks[sid]  # a lock left by a request that failed before anything was recorded
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Typed errors become OpenAI-style error bodies: transient ones 503 (clients retry), others 400."""
+    """Errors become OpenAI-style JSON bodies: 413 over the size limit, 503 transient (clients retry),
+    400 for typed terminal errors, 500 for anything else (its traceback goes to the log, not the client)."""
     try:
         return await handler(request)
+    except web.HTTPException:
+        raise
+    except BodyTooLarge as err:
+        return _error(413, str(err))
     except TransientError as err:
         return web.json_response({"error": {"message": str(err), "type": "server_error"}}, status=503)
     except TerminalError as err:
         return _error(400, str(err))
+    except Exception as err:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": {"message": f"internal error ({type(err).__name__}); see the server log",
+                                            "type": "server_error"}}, status=500)
 
 
 def build_app(state: ServeState) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
+    app = web.Application(client_max_size=state.max_body_bytes, middlewares=[_errors])
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -250,13 +333,15 @@ def build_app(state: ServeState) -> web.Application:
         with contextlib.suppress(asyncio.CancelledError):
             await reaper
         await state.end_all("server_stopped")
+        state.executor.shutdown(wait=False)
 
     app.cleanup_ctx.append(lifecycle)
     return app
 
 
-async def serve_forever(state: ServeState, host: str, port: int, ready: asyncio.Event | None = None) -> None:
-    """Run the app until cancelled; on the way out every open session is written."""
+async def serve_forever(state: ServeState, host: str, port: int, ready: asyncio.Event | None = None,
+                        stop: asyncio.Event | None = None) -> None:
+    """Run the app until `stop` is set (or the task is cancelled); on the way out every open session is written."""
     runner = web.AppRunner(build_app(state), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -264,6 +349,6 @@ async def serve_forever(state: ServeState, host: str, port: int, ready: asyncio.
     if ready is not None:
         ready.set()
     try:
-        await asyncio.Event().wait()
+        await (stop or asyncio.Event()).wait()
     finally:
         await runner.cleanup()

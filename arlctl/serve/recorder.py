@@ -97,6 +97,20 @@ class Session:
     requests: int = 0
 
 
+@dataclass
+class Undo:
+    """A session's record as it was before one request (Recorder.checkpoint / rollback)."""
+
+    current: Segment | None
+    done: int
+    response_len: int = 0
+    last_obs: tuple[int, str | None] | None = None
+    messages: list[tuple[Any, ...]] = field(default_factory=list)
+    replied: tuple[Any, ...] | None = None
+    replied_raw: tuple[Any, ...] | None = None
+    text: str = ""
+
+
 class Recorder:
     """Keeps every open session and turns them into rows; pure bookkeeping, no I/O."""
 
@@ -117,7 +131,7 @@ class Recorder:
 
     def match_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Session | None:
         """The open session (without an explicit id) whose record this conversation extends."""
-        for session in self.sessions.values():
+        for session in list(self.sessions.values()):  # a snapshot: this may run off the loop while it adds one
             seg = session.current
             if seg is not None and seg.mode == "chat" and self._extends_chat(seg, messages, tools):
                 return session
@@ -130,6 +144,40 @@ class Recorder:
             return []
         self._close_segment(session, reason)
         return session.done
+
+    def is_open(self, session: Session) -> bool:
+        """Whether `session` is still the registered one (it may have ended while a request waited)."""
+        return self.sessions.get(session.id) is session
+
+    def checkpoint(self, session: Session) -> Undo:
+        """What `rollback` needs to put the session's record back as it is now."""
+        seg = session.current
+        if seg is None:
+            return Undo(None, len(session.done))
+        last = seg.row.turns[-1] if seg.row.turns else None
+        return Undo(seg, len(session.done), len(seg.row.response_ids),
+                    (last.obs_len, last.observation) if last else None,
+                    list(seg.messages), seg.replied, seg.replied_raw, seg.text)
+
+    def rollback(self, session: Session, undo: Undo) -> None:
+        """Undo a prepare whose request then failed: the record is exactly as at `checkpoint`.
+
+        Without this a rejected request left its prompt in the record (a 4 MB prompt held until the idle
+        timeout) or an observation with no generation after it, so the client's retry no longer matched.
+        A session left with nothing recorded is dropped.
+        """
+        del session.done[undo.done:]  # a segment closed by this prepare becomes the open one again
+        session.current = seg = undo.current
+        if seg is not None:
+            row = seg.row
+            for column in (row.response_ids, row.response_mask, row.response_logprobs):
+                del column[undo.response_len:]
+            if undo.last_obs is not None:
+                row.turns[-1].obs_len, row.turns[-1].observation = undo.last_obs
+            seg.messages, seg.replied, seg.replied_raw, seg.text = (undo.messages, undo.replied, undo.replied_raw,
+                                                                    undo.text)
+        if seg is None and not session.done and self.is_open(session):
+            del self.sessions[session.id]
 
     def idle(self, timeout_s: float) -> list[str]:
         now = time.monotonic()
