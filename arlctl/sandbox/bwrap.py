@@ -7,7 +7,13 @@ each command; after every command it SIGKILLs everything else in the pid namespa
 grandchild never outlives its exec. Keeping bwrap alive between execs is what makes an exec cost a
 fork rather than a namespace setup (~1 ms instead of ~30 ms).
 
-Host layout of one sandbox (under $ARLCTL_SANDBOX_ROOT, default /tmp/arlctl-sandboxes/<id>/):
+Between leases nothing is kept: reset() relaunches bwrap whenever anything ran inside since the last
+launch, so every lease gets a new IPC namespace (SysV shm, semaphores, message queues, POSIX queues), a
+new /dev (read-only, minimal) with a fresh tmpfs at /dev/shm, and a new pid namespace, besides the
+workspace and /tmp copied back from pristine/ on the host side.
+
+Host layout of one sandbox (under $ARLCTL_SANDBOX_ROOT, default <tmp>/arlctl-sandboxes-<uid>/<id>/; the
+root must be ours and private, see rootdir.py):
   pristine/   the snapshot copied once and chowned to the sandbox uid; reset() copies it back
   fs/         a size-limited tmpfs (the disk limit) holding workspace/ (bound at /workspace) and tmp/
               (bound at /tmp); both survive across execs until reset()
@@ -31,7 +37,6 @@ import functools
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 import warnings
@@ -42,6 +47,7 @@ from arlctl.sandbox import _files
 from arlctl.sandbox._channel import ExecChannel, exec_request, raw_stdout, to_result
 from arlctl.sandbox.base import ExecResult, SandboxError
 from arlctl.sandbox.cgroups import SandboxCgroup
+from arlctl.sandbox.rootdir import default_root, ensure_root, sweep_stale
 
 SANDBOX_UID = 1000  # the uid commands see inside
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf")
@@ -50,19 +56,15 @@ _START_TIMEOUT_S = 15.0
 _BACKSTOP_S = 5.0  # the host kills the whole sandbox this long after the server should have answered
 
 
-def default_root() -> str:
-    return os.environ.get("ARLCTL_SANDBOX_ROOT") or os.path.join(tempfile.gettempdir(), "arlctl-sandboxes")
-
-
 def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
 @functools.cache
-def _supports_disable_userns() -> bool:
-    """--disable-userns (bubblewrap >= 0.8) stops sandboxed code from creating nested user namespaces."""
+def _bwrap_help_has(option: str) -> bool:
+    """Whether this bubblewrap knows `option` (--disable-userns and --size came in 0.8 and 0.7)."""
     r = subprocess.run(["bwrap", "--help"], capture_output=True, text=True)
-    return "--disable-userns" in r.stdout + r.stderr
+    return option in r.stdout + r.stderr
 
 
 class BwrapSandbox:
@@ -103,6 +105,7 @@ class BwrapSandbox:
         self._lock = asyncio.Lock()
         self._limits_hit = (0, 0)
         self._closed = False
+        self._dirty = False  # something ran inside since the last launch: reset() relaunches
 
     @classmethod
     async def create(cls, snapshot: str | None = None, **kwargs) -> BwrapSandbox:
@@ -143,7 +146,7 @@ class BwrapSandbox:
         await self.reset()
 
     def _prepare_host_dirs(self) -> None:
-        self.root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.root = Path(ensure_root(str(self.root.parent), traversable=self.privileged)) / self.id
         if self.privileged:  # bwrap runs as host_uid and must reach the workspace to bind it
             for ancestor in self.root.parents:
                 if not os.stat(ancestor).st_mode & 0o001:
@@ -207,7 +210,7 @@ class BwrapSandbox:
         argv += ["--cap-drop", "ALL"]
         argv += ["--clearenv", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
         argv += ["--ro-bind", "/usr", "/usr"]
-        if _supports_disable_userns():
+        if _bwrap_help_has("--disable-userns"):  # no nested user namespaces from inside
             argv.append("--disable-userns")
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             src = f"/{top}"
@@ -226,7 +229,12 @@ class BwrapSandbox:
         argv += ["--ro-bind", str(root / "etc" / "group"), "/etc/group"]
         argv += ["--ro-bind", str(root / "bin"), "/opt/arlctl/bin"]
         argv += ["--ro-bind", str(root / "sbxd.py"), "/opt/arlctl/sbxd.py"]
+        # A private /dev, read-only but for a fresh /dev/shm tmpfs (as big as the disk limit): nothing
+        # written there outlives the lease, since every lease gets a new bwrap (see reset()).
         argv += ["--proc", "/proc", "--dev", "/dev"]
+        if _bwrap_help_has("--size"):
+            argv += ["--size", str(self.disk_mb << 20)]
+        argv += ["--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--bind", str(self._ws), self.workdir, "--bind", str(self._tmp), "/tmp"]
         argv += ["--remount-ro", "/", "--chdir", self.workdir]
         env = {
@@ -272,6 +280,7 @@ class BwrapSandbox:
             start_new_session=True,
         )
         self._chan = ExecChannel(self._proc.stdout, self._proc.stdin)
+        self._dirty = False
         try:
             hello = await asyncio.wait_for(self._chan.recv(), _START_TIMEOUT_S)
         except (TimeoutError, SandboxError) as e:
@@ -308,6 +317,7 @@ class BwrapSandbox:
             if self._closed or self._proc is None or self._proc.returncode is not None:
                 self.tainted = True
                 raise SandboxError("sandbox is not running")
+            self._dirty = True
             started = time.monotonic()
             try:
                 reply = await self._chan.call(request, timeout + _BACKSTOP_S)
@@ -370,6 +380,7 @@ class BwrapSandbox:
         async with self._lock:
             if self._closed or self._chan is None or self._proc is None or self._proc.returncode is not None:
                 raise SandboxError("sandbox is not running")
+            self._dirty = True
             try:
                 return await self._chan.call(
                     exec_request(argv, 60, stdin, self.workdir, max_output), 60 + _BACKSTOP_S
@@ -393,15 +404,19 @@ class BwrapSandbox:
         async with self._lock:
             if self._closed:
                 raise SandboxError("sandbox is closed")
-            if self._proc is None or self._proc.returncode is not None or self.tainted:
+            # Relaunching is what gives the next lease fresh IPC, /dev, /dev/shm and pid namespaces;
+            # the old ones die with the old bwrap, together with anything they held.
+            relaunch = self._dirty or self.tainted or self._proc is None or self._proc.returncode is not None
+            if relaunch:
                 self._kill_everything()
                 await self._wait_proc()
-                await self._launch()
-                self.tainted = False
             await asyncio.to_thread(_clear_dir, self._ws)
             await asyncio.to_thread(_clear_dir, self._tmp)
             if self.snapshot:
                 await _run_host(["cp", "-a", "--", f"{self.root / 'pristine'}/.", str(self._ws)])
+            if relaunch:
+                await self._launch()
+                self.tainted = False
 
     async def _wait_proc(self) -> None:
         if self._proc is not None:
@@ -439,22 +454,20 @@ def _process_identity(pid: int | None = None) -> str:
 _swept: set[str] = set()
 
 
+def _owner_alive(owner: str) -> bool:
+    """True while the process an `owner` record names still runs (or the record is half written)."""
+    pid = owner.split()[0] if owner.split() else ""
+    return not pid.isdigit() or _process_identity(int(pid)) == owner
+
+
 def _sweep_stale_once(parent: str) -> None:
     """Remove sandboxes whose owning process died without close() (killed test runs, OOM, SIGKILL):
-    their tmpfs stays mounted and their directory stays behind otherwise. Once per process and root."""
+    their tmpfs stays mounted and their directory stays behind otherwise. Once per process and root;
+    rootdir.sweep_stale touches only entries we created and never follows a symlink."""
     if parent in _swept:
         return
     _swept.add(parent)
-    for entry in os.scandir(parent):
-        try:
-            owner = Path(entry.path, "owner").read_text()
-        except OSError:
-            continue
-        pid = owner.split()[0] if owner else ""
-        if not pid.isdigit() or _process_identity(int(pid)) == owner:
-            continue  # being created right now, or its owner is alive
-        subprocess.run(["umount", "-l", os.path.join(entry.path, "fs")], capture_output=True)
-        shutil.rmtree(entry.path, ignore_errors=True)
+    sweep_stale(parent, _owner_alive)
 
 
 def _clear_dir(path: Path) -> None:

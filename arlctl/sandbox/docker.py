@@ -10,6 +10,12 @@ pid 1), so a daemonised grandchild never outlives its exec. Going through the at
 `exec_run` costs one round trip on an open connection rather than a runc exec (~2 ms instead of
 ~100 ms). Files go in and out as exec stdin/stdout, because the archive API refuses read-only containers.
 
+A container serves many leases, so every reset runs `_lease_reset.py` inside it first: it kills any
+stray process, empties the workspace, /tmp, /dev/shm and /dev/mqueue, removes every SysV IPC object of
+the container's private IPC namespace, and then proves all of that empty (and that no other mount is
+writable). A container that is not provably clean is tainted and the pool recreates it; only then is the
+snapshot unpacked for the next lease.
+
 Limits hit: a fork bomb meets the pids limit and the per-exec cleanup then kills it, so the exit code
 alone does not tell. After each command the backend reads the container's own cgroup counters, pids.events
 `max` (forks refused) and the OOM-kill count, and a change taints the sandbox (`taint_reason` says which)
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import math
 import os
@@ -47,6 +54,7 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "arlctl/sandbox-base:1"
 PRIVATE_SOCKET = "/run/arlctl-docker.sock"
 _SERVER_SRC = (Path(__file__).with_name("_sbxd.py")).read_text()
+_RESET_SRC = (Path(__file__).with_name("_lease_reset.py")).read_text()
 _START_TIMEOUT_S = 30.0
 _BACKSTOP_S = 5.0
 
@@ -114,6 +122,16 @@ _COUNTERS_INSIDE = (
     "for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do [ -r $f ] && "
     "while read k v; do [ $k = oom_kill ] && echo oom $v; done < $f && break; done; echo ok"
 )
+
+
+def _reset_report(reply: dict) -> dict:
+    """The JSON verdict `_lease_reset.py` prints last; {} when it printed none (it crashed)."""
+    lines = raw_stdout(reply).decode(errors="replace").strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
 
 
 def _tar_of(directory: str | None, uid: int, gid: int) -> bytes:
@@ -384,9 +402,15 @@ class DockerSandbox:
             return await self._chan.ping(timeout)
 
     async def _restore(self) -> None:
-        # Empty the workspace and /tmp, unpack the snapshot: one exec (leftovers died after the last one).
-        script = f"find {self.workdir} /tmp -mindepth 1 -delete 2>/dev/null; tar -x -f - -C {self.workdir}"
-        reply = await self._call(["/bin/sh", "-c", script], 120, self._snapshot_tar, 1 << 16)
+        """Wipe everything a lease could leave (proving it gone), then unpack the snapshot."""
+        argv = [self.python, "-I", "-S", "-c", _RESET_SRC, self.workdir, "/tmp"]
+        reply = await self._call(argv, 120, None, 1 << 16)
+        report = _reset_report(reply)
+        if not report.get("clean"):
+            self._taint("reset_unclean")
+            left = ", ".join(report.get("left") or []) or to_result(reply, 0, 0).stderr.strip()[-300:]
+            raise SandboxError(f"docker sandbox is not provably clean between leases: {left}")
+        reply = await self._call(["tar", "-x", "-f", "-", "-C", self.workdir], 120, self._snapshot_tar, 1 << 16)
         if reply["exit"] != 0:
             raise SandboxError(f"could not restore the workspace: {to_result(reply, 0, 0).stderr.strip()}")
 
@@ -416,6 +440,6 @@ class DockerSandbox:
 
     def _remove_quietly(self) -> None:
         try:
-            self.container.remove(force=True)
+            self.container.remove(force=True, v=True)  # and its anonymous volumes (an image's VOLUME)
         except Exception:
             pass

@@ -81,7 +81,8 @@ def test_builtin_options():
         builtin_swe({"ids": "nope-999"})
 
 
-def test_jsonl_tasks_with_dir_and_tarball_snapshots(tmp_path):
+def test_jsonl_tasks_with_dir_and_tarball_snapshots(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARLCTL_SNAPSHOT_BASES", str(tmp_path))  # a task file may only name allowed bases
     task = load_suite_task("stockroom-001")
     repo = SUITE_DIR / "stockroom-001" / "repo"
     tarball = tmp_path / "repo.tar.gz"

@@ -9,6 +9,13 @@ A snapshot is what the policy's sandbox starts from: the task's files at the bug
 repository with exactly one commit, so there is no history to mine (no future commits, no gold patch,
 no hidden tests). `prepare_snapshot` builds it once per content hash under $ARLCTL_HOME/swe/snapshots.
 
+A task file may be hostile, so `repo_snapshot` is read only from allowed bases: a built-in task's
+`repo/`, the snapshot cache, and directories the user lists in $ARLCTL_SNAPSHOT_BASES (separated by
+`:`). The path is resolved (every symlink followed) before it is checked, so a link out of a base is
+refused like any other path; links inside a snapshot are copied as links, never read through. A refusal
+is a `SnapshotRefused` (a TerminalError of that row): one line, raised before anything at that path
+is opened.
+
 Image tasks (SWE-bench per-instance images: `image`, optional `repo_dir`, default /testbed, and no
 `repo_snapshot`) run only on the docker backend, in a container of that image with the workspace at
 `repo_dir`, because the image carries the environment the repository needs. The repository inside the
@@ -74,15 +81,61 @@ def builtin_swe(options: dict[str, str]) -> list[dict[str, Any]]:
     return [load_suite_task(i) for i in ids[start : start + n]]
 
 
+class SnapshotRefused(TerminalError):
+    """A task's repo_snapshot is missing, unusable or outside the allowed bases. It is the row's own
+    fault, not the command's: a rollout records the row as env_error and reward scores it null with
+    this cause (a UsageError would stop the whole stage on one hostile row)."""
+
+
+SNAPSHOT_BASES_ENV = "ARLCTL_SNAPSHOT_BASES"
+
+
+def snapshot_bases() -> list[Path]:
+    """Resolved directories a repo_snapshot may lie in, besides a built-in task's repo/: the snapshot
+    cache and each entry of $ARLCTL_SNAPSHOT_BASES."""
+    listed = [p for p in os.environ.get(SNAPSHOT_BASES_ENV, "").split(os.pathsep) if p.strip()]
+    return [Path(os.path.realpath(os.path.expanduser(p))) for p in [snapshot_root(), *listed]]
+
+
+def _within(path: str, base: Path) -> bool:
+    return path == str(base) or path.startswith(str(base).rstrip("/") + "/")
+
+
+def _in_builtin_repo(path: str) -> bool:
+    """Inside SUITE_DIR/<task>/repo (not the task folders themselves: they hold gold patches)."""
+    suite = os.path.realpath(SUITE_DIR)
+    if not _within(path, Path(suite)):
+        return False
+    parts = Path(path).relative_to(suite).parts
+    return len(parts) >= 2 and parts[1] == "repo"
+
+
+def resolve_snapshot_ref(task: dict[str, Any]) -> Path:
+    """The allowed, resolved path a task's repo_snapshot names; SnapshotRefused for any other."""
+    ref, task_id = task.get("repo_snapshot"), task.get("task_id") or task.get("instance_id")
+    if not ref:
+        raise SnapshotRefused(f"swe task {task_id!r} has no repo_snapshot",
+                         hint="give a directory or tarball path, or use the docker sandbox with `image`")
+    if not isinstance(ref, str) or "\0" in ref:
+        raise SnapshotRefused(f"swe task {task_id!r}: repo_snapshot must be a path string")
+    if ref.startswith("builtin:"):
+        name = ref[len("builtin:") :]
+        if name not in suite_ids():
+            raise SnapshotRefused(f"swe task {task_id!r}: no built-in snapshot {name!r}")
+        return SUITE_DIR / name / "repo"
+    path = os.path.realpath(os.path.expanduser(ref))  # follows every link, so escapes are seen here
+    if _in_builtin_repo(path) or any(_within(path, base) for base in snapshot_bases()):
+        return Path(path)
+    shown = ref if path == ref else f"{ref} (resolving to {path})"
+    raise SnapshotRefused(
+        f"swe task {task_id!r}: repo_snapshot {shown} is outside the allowed snapshot bases",
+        hint=f"add its directory to ${SNAPSHOT_BASES_ENV} (':'-separated) if the task file is trusted")
+
+
 def _source_dir(task: dict[str, Any], scratch: Path) -> Path:
     """The directory holding the task's buggy files (a tarball is unpacked into scratch)."""
     ref = task.get("repo_snapshot")
-    if not ref:
-        raise UsageError(f"swe task {task.get('task_id')!r} has no repo_snapshot",
-                         hint="give a directory or tarball path, or use the docker sandbox with `image`")
-    if str(ref).startswith("builtin:"):
-        return SUITE_DIR / str(ref)[len("builtin:") :] / "repo"
-    path = Path(ref).expanduser()
+    path = resolve_snapshot_ref(task)
     if path.is_dir():
         return path
     if path.is_file() and tarfile.is_tarfile(path):
@@ -90,7 +143,7 @@ def _source_dir(task: dict[str, Any], scratch: Path) -> Path:
             archive.extractall(scratch, filter="data")  # 'data' refuses absolute paths, links out, devices
         entries = [p for p in scratch.iterdir()]
         return entries[0] if len(entries) == 1 and entries[0].is_dir() else scratch
-    raise UsageError(f"repo_snapshot {ref} is neither a directory nor a tarball")
+    raise SnapshotRefused(f"repo_snapshot {ref} is neither a directory nor a tarball")
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -104,9 +157,16 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 
 def _tree_hash(root: Path) -> str:
+    """Content hash of the tree; a symlink counts by its target text and is never read through."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not _SKIP_NAMES & set(p.parts)):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(p for p in root.rglob("*") if not _SKIP_NAMES & set(p.parts)):
+        if path.is_symlink():
+            content = b"link:" + os.readlink(path).encode()
+        elif path.is_file():
+            content = path.read_bytes()
+        else:
+            continue
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + content + b"\0")
     return digest.hexdigest()[:16]
 
 
