@@ -8,7 +8,13 @@ batches whatever requests are waiting.
 Faults never kill the batch: a tool exception or malformed call becomes an error observation; a step
 timeout returns "timeout" to the model; an inference failure retries with backoff, then ends the
 trajectory with status policy_error. Cancellation (Ctrl-C) ends in-flight trajectories as `aborted`
-with everything they had recorded.
+with everything they had recorded. Any other exception inside a trajectory ends it as `env_error` with
+the cause in the stats; a group is never dropped.
+
+Text safety: every string that reaches a row is valid UTF-8 by construction (`parquet_safe`), so one
+lone surrogate in a task, a tool call or an observation cannot fail the flush of a whole shard. A
+generation whose token ids are not ints in [0, vocab) (or whose log-probs are missing or non-finite) is
+an inference failure: it is retried, then ends the trajectory as policy_error naming the bad value.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
+import numbers
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,11 +94,12 @@ class _Trajectory:
 
     def __init__(self, task: dict[str, Any], group_id: str, sample_index: int, env_name: str, policy: Policy,
                  epoch: int = 0):
-        self.task = task
+        # The env, the prompt and the `task` column all see the same Parquet-safe copy of the task.
+        self.task = parquet_safe_value(task)
         self.epoch = epoch
         self.row = TrajectoryRow(
-            group_id=group_id, sample_index=sample_index, task_id=str(task.get("task_id", "")),
-            env=env_name, env_version="", task=task, policy=policy.name, prompt_text="", prompt_ids=[],
+            group_id=group_id, sample_index=sample_index, task_id=str(self.task.get("task_id", "")),
+            env=env_name, env_version="", task=self.task, policy=policy.name, prompt_text="", prompt_ids=[],
             policy_version=policy.version, policy_version_last=policy.version, started_at=datetime.now(UTC),
         )
         self.t0 = time.monotonic()
@@ -124,6 +133,97 @@ class _Trajectory:
         return row
 
 
+# ------------------------------------------------------------------------------------------- text safety
+
+
+def parquet_safe(text: str) -> str:
+    """`text` as a string that encodes to valid UTF-8 (what Parquet/Arrow strings must be).
+
+    Python strings may hold lone surrogates (JSON's "\\ud800" escape, bytes decoded with surrogateescape)
+    that no UTF-8 writer accepts. Decision: a surrogate pair split over two code points is joined back
+    into its character; every lone surrogate becomes U+FFFD. Lossy for those code points only, never an
+    exception. Surrogates are the only code points UTF-8 cannot encode, so this covers every case.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def parquet_safe_value(value: Any) -> Any:
+    """parquet_safe applied to every string (keys included) inside JSON-like lists and dicts."""
+    if isinstance(value, str):
+        return parquet_safe(value)
+    if isinstance(value, dict):
+        return {parquet_safe_value(k): parquet_safe_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [parquet_safe_value(v) for v in value]
+    return value
+
+
+def _as_text(value: Any) -> str | None:
+    """An env-supplied text field as a safe string (a plugin env may hand back a dict or bytes)."""
+    if value is None or isinstance(value, str):
+        return None if value is None else parquet_safe(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return parquet_safe(json.dumps(value, ensure_ascii=False, default=str))
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def safe_row(row: TrajectoryRow) -> TrajectoryRow:
+    """Make every text of a row Parquet-safe and every env-supplied field its schema type, in place.
+
+    The one gate between a finished group and the sink, so that the flush can never fail on a row's
+    content and take other groups' rows down with it.
+    """
+    for f in fields(row):
+        value = getattr(row, f.name)
+        if isinstance(value, str | dict):
+            setattr(row, f.name, parquet_safe_value(value))
+    row.final_state = _as_text(row.final_state)
+    for turn in row.turns:
+        turn.text = _as_text(turn.text) or ""
+        turn.observation = _as_text(turn.observation)
+        turn.error = _as_text(turn.error)
+        turn.tool_calls = parquet_safe_value(turn.tool_calls)
+        turn.reward_step = _as_float(turn.reward_step)
+    return row
+
+
+class BadGeneration(ValueError):
+    """A backend answered with tokens no tokenizer or trainer can use (an inference failure)."""
+
+
+def check_generation(gen: Generation, vocab_size: int) -> None:
+    """Refuse ids outside [0, vocab_size) or not ints, and log-probs that are missing or not finite.
+
+    Such ids crash decoding (a negative id) or silently decode to "" and later index past the
+    embedding in training (an id >= vocab); non-finite log-probs poison the PPO ratio.
+    """
+    for position, token in enumerate(gen.ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= token < vocab_size:
+            raise BadGeneration(f"backend returned token id {token!r} at position {position}, "
+                                f"outside [0, {vocab_size})")
+    if len(gen.logprobs) != len(gen.ids):
+        raise BadGeneration(f"backend returned {len(gen.logprobs)} log-probs for {len(gen.ids)} tokens")
+    for position, logprob in enumerate(gen.logprobs):
+        if not isinstance(logprob, numbers.Real) or not math.isfinite(logprob):
+            raise BadGeneration(f"backend returned log-prob {logprob!r} at position {position}")
+
+
+def vocab_size(policy: Policy) -> int:
+    """The id range a policy may sample from: its own `vocab_size` when it says, else the tokenizer's."""
+    return int(getattr(policy, "vocab_size", None) or len(policy.tokenizer))
+
+
 def _seed_for(base: int | None, *parts: Any) -> int | None:
     if base is None:
         return None
@@ -155,12 +255,25 @@ def parse_action(env: Env, text: str, tools: list[dict[str, Any]], tool_format: 
     return Action(text=text, tool_calls=calls, parse_errors=errors)
 
 
+def _safe_action(action: Action) -> Action:
+    """JSON lets a model write a lone surrogate ("\\ud800") into tool arguments: replace it before the
+    env (which may encode it) or the row (which must) sees it."""
+    for call in action.tool_calls:
+        call.name = parquet_safe(str(call.name))
+        call.arguments = parquet_safe_value(call.arguments)
+    return action
+
+
 async def _generate(policy: Policy, ids: list[int], sampling: SamplingParams, cfg: RolloutConfig,
                     traj: _Trajectory) -> Generation:
-    """Generate with retries and exponential backoff; the last failure propagates."""
+    """Generate with retries and exponential backoff; the last failure propagates.
+
+    An unusable answer (check_generation) counts as a failure: a backend glitch may pass on retry."""
     for attempt in range(cfg.retries + 1):
         try:
-            return await policy.generate(ids, sampling)
+            gen = await policy.generate(ids, sampling)
+            check_generation(gen, vocab_size(policy))
+            return gen
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -199,7 +312,8 @@ async def run_trajectory(traj: _Trajectory, policy: Policy, env: Env, codec: Cha
         stats.errors += 1
         stats.last_error = f"reset failed: {type(err).__name__}: {err}"
         return traj.finish("env_error", "error")
-    prompt = codec.prompt(reset.messages, reset.tools)
+    # A plugin env may put unencodable text in its messages; the tokenizer refuses lone surrogates.
+    prompt = codec.prompt(parquet_safe_value(reset.messages), reset.tools)
     row.prompt_text, row.prompt_ids = prompt.text, prompt.ids
     deadline = traj.t0 + cfg.trajectory_timeout
     try:
@@ -238,7 +352,7 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
                 row.turns[-1].error = row.turns[-1].error or message
             return traj.finish("policy_error", "error")
         text, glue = codec.split_generation(gen.ids)
-        action = parse_action(env, text, tools, cfg.tool_format)
+        action = _safe_action(parse_action(env, text, tools, cfg.tool_format))
         calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in action.tool_calls]
         turn = traj.add_generation(gen, text, calls, time.monotonic() - t_gen)
         stats.generated_tokens += len(gen.ids)
@@ -258,13 +372,19 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
             stats.errors += 1
         if result.done:
             row.final_state = result.final_state
+            cut = _artifact_cut(env)
+            if cut:
+                turn.error = f"{turn.error}; {cut}" if turn.error else cut
+                return traj.finish("truncated", result.finish_reason or "stop")
             return traj.finish("ok", result.finish_reason or "stop")
         if cut:
             return traj.finish("truncated", "max_tokens")
         if turn_index == cfg.max_turns - 1:
             break  # the last allowed turn: no observation segment the policy would never read
         # 4. Append the observation segment (mask 0): closing glue + observations + next header.
-        observations = [{**m, "content": _truncate_observation(codec, str(m.get("content", "")), cfg.max_obs_tokens)}
+        observations = [{**parquet_safe_value(m),
+                         "content": _truncate_observation(codec, parquet_safe(str(m.get("content", ""))),
+                                                          cfg.max_obs_tokens)}
                         for m in result.observations]
         segment = codec.continuation(glue, observations)
         traj.add_observation(turn, segment.ids, "\n".join(str(m["content"]) for m in observations))
@@ -286,23 +406,25 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
     async def one(traj: _Trajectory) -> TrajectoryRow:
         async with slots:
             stats.in_flight += 1
-            env = env_factory()
+            env: Env | None = None
             try:
+                env = env_factory()
                 row = await run_trajectory(traj, policy, env, codec, cfg, stats, turn_hook)
                 if row.final_state is None and row.turns and hasattr(env, "final_state"):
-                    # Ended by a bound, not by the agent: grade what it left behind (the swe diff).
-                    try:
-                        row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)
-                    except Exception as err:
-                        stats.last_error = f"final_state failed: {type(err).__name__}: {err}"
+                    await _final_state_after_bound(row, env, cfg, stats)
                 return row
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # a bug or a hostile value anywhere above: a row with a status, not a lost group
+                return _crashed(traj, err, stats)
             finally:
                 stats.in_flight -= 1
                 stats.trajectories_done += 1
-                try:
-                    await asyncio.shield(env.close())
-                except Exception:
-                    pass
+                if env is not None:
+                    try:
+                        await asyncio.shield(env.close())
+                    except Exception:
+                        pass
 
     tasks = [asyncio.ensure_future(one(t)) for t in trajs]
     try:
@@ -317,6 +439,44 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
         raise GroupAborted(rows) from None
     stats.groups_done += 1
     return list(rows)
+
+
+async def _final_state_after_bound(row: TrajectoryRow, env: Env, cfg: RolloutConfig, stats: Stats) -> None:
+    """Ended by a bound, not by the agent: keep what it left behind (the swe diff) for grading."""
+    try:
+        row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)  # type: ignore[attr-defined]
+    except Exception as err:
+        stats.last_error = f"final_state failed: {type(err).__name__}: {err}"
+        return
+    cut = _artifact_cut(env)
+    if cut:
+        if row.status == "ok":  # a failure status (timeout, policy_error) says more; keep it
+            row.status = "truncated"
+        if row.turns:
+            last = row.turns[-1]
+            last.error = f"{last.error}; {cut}" if last.error else cut
+
+
+def _artifact_cut(env: Env) -> str | None:
+    """Why the env cut its final state (e.g. a swe diff over its byte limit), or None.
+
+    Optional env attribute `final_state_truncated`: an env that has to cut its artifact says so there,
+    and the row becomes status `truncated` with the reason in the last turn's error.
+    """
+    reason = getattr(env, "final_state_truncated", None)
+    return str(reason) if reason else None
+
+
+def _crashed(traj: _Trajectory, err: Exception, stats: Stats) -> TrajectoryRow:
+    """End a trajectory that raised out of the loop as env_error, its cause in the stats and last turn."""
+    message = parquet_safe(f"rollout error: {type(err).__name__}: {err}")
+    stats.errors += 1
+    stats.last_error = message
+    row = traj.row
+    if row.turns:
+        row.turns[-1].error = row.turns[-1].error or message
+    row.env_errors += 1
+    return traj.finish("env_error", "error")
 
 
 class GroupAborted(Exception):
@@ -352,6 +512,7 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     group_slots = asyncio.Semaphore(max(1, -(-cfg.concurrency // cfg.group_size) + 1))
     running: set[asyncio.Task] = set()  # the group runners; cancelled on stop
     sinking: set[asyncio.Task] = set()  # runner + sink per group; never cancelled, so nothing is lost
+    sink_failures: list[BaseException] = []  # a sink that cannot write stops the rollout, then re-raises
 
     async def one_group(task: dict[str, Any], epoch: int) -> None:
         runner = asyncio.ensure_future(
@@ -361,10 +522,19 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
             rows = await asyncio.shield(runner)
         except GroupAborted as aborted:
             rows = aborted.rows
+        except Exception as err:  # the group could not even be set up (e.g. a task that is not a dict)
+            stats.errors += 1
+            stats.groups_done += 1
+            stats.last_error = parquet_safe(f"group failed: {type(err).__name__}: {err}")
+            return
         finally:
             running.discard(runner)
             group_slots.release()
-        await sink(rows)
+        try:
+            await sink([safe_row(r) for r in rows])
+        except Exception as err:
+            sink_failures.append(err)
+            stop.set()
 
     epoch = 0
     while task_list and (epochs is None or epoch < epochs) and not stop.is_set():
@@ -383,6 +553,8 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
             stats.epochs_done += 1
         epoch += 1
     await _drain(running, sinking, stop)
+    if sink_failures:
+        raise sink_failures[0]
     return stats
 
 

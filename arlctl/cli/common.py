@@ -1,10 +1,16 @@
-"""Helpers shared by every CLI module: consoles, error handling, JSON output."""
+"""Helpers shared by every CLI module: consoles, error handling, JSON output, terminal-safe text.
+
+Text from trajectories, task files and error messages is data, not terminal input: before it is
+printed it goes through `terminal_safe` (control characters spelled out) and is handed to Rich as
+`Text`, never parsed as markup.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -12,6 +18,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from arlctl.errors import ArlctlError
 
@@ -19,6 +26,28 @@ from arlctl.errors import ArlctlError
 console = Console(stderr=True, highlight=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# C0 controls except \n and \t (ESC starts every CSI/OSC sequence, \r overwrites a line), DEL, the C1
+# controls (0x9b is a one-byte CSI, 0x9d a one-byte OSC) and the bidi overrides that reorder what the
+# reader sees (Trojan Source).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control character spelled out (ESC -> "\\x1b"), so a terminal shows it
+    instead of obeying it. Newlines and tabs stay; everything else is unchanged."""
+    return _UNSAFE.sub(_spell, text)
+
+
+def _spell(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def plain(text: Any, style: str = "") -> Text:
+    """Data as a Rich Text: terminal-safe and never parsed as markup."""
+    return Text(terminal_safe(str(text)), style=style)
 
 
 def debug_enabled() -> bool:
@@ -37,19 +66,23 @@ def handle_errors(fn: F) -> F:
         except ArlctlError as err:
             if debug_enabled():
                 traceback.print_exc()
-            console.print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
-            if err.hint:
-                console.print(f"[dim]hint: {err.hint}[/]")
+            _print_error(str(err), err.hint)
             raise typer.Exit(err.exit_code) from None
         except Exception as err:  # an unexpected failure: still one line unless --debug
             if debug_enabled():
                 traceback.print_exc()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            console.print(f"[bold red]error:[/] {type(err).__name__}: {first}", soft_wrap=True)
-            console.print("[dim]hint: re-run with --debug for the traceback[/]")
+            _print_error(f"{type(err).__name__}: {first}", "re-run with --debug for the traceback")
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _print_error(message: str, hint: str | None) -> None:
+    """The one error line (and hint). Messages quote user and model text: never markup, never raw."""
+    console.print(Text.assemble(("error:", "bold red"), " ", plain(message)), soft_wrap=True)
+    if hint:
+        console.print(plain(f"hint: {hint}", style="dim"), soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.common import console, handle_errors, plain, print_json
 from arlctl.cli.query import gather_shards
 from arlctl.io.duck import connect
 from arlctl.stats import inspect_stats
@@ -42,7 +42,7 @@ def _kv_table(title: str, data: dict[str, Any]) -> Table:
     table.add_column(style="bold")
     table.add_column(justify="right")
     for key, value in data.items():
-        table.add_row(key, "-" if value is None else str(value))
+        table.add_row(plain(key), plain("-" if value is None else str(value)))  # keys come from shard data
     return table
 
 
@@ -61,5 +61,5 @@ def _render(stats: dict[str, Any]) -> None:
     if per_env:
         table = Table(*per_env[0].keys(), title="per env", title_justify="left")
         for row in per_env:
-            table.add_row(*["-" if v is None else str(v) for v in row.values()])
+            table.add_row(*[plain("-" if v is None else str(v)) for v in row.values()])
         console.print(table)

@@ -7,9 +7,10 @@ import sys
 
 import duckdb
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.common import console, handle_errors, plain, print_json
 from arlctl.errors import TerminalError
 from arlctl.io.duck import connect
 from arlctl.io.shards import scan
@@ -27,12 +28,17 @@ List and struct columns work as in DuckDB:
 
 
 def gather_shards(paths: list[str]) -> list[str]:
-    """All shards under the given paths; stray non-Parquet files are reported, never read."""
+    """All shards under the given paths; strays (not *.parquet, or a name that globs) are reported, never read.
+
+    A directory such as `runs/r[1]` is fine: DuckDB gets every path with its glob characters escaped
+    (arlctl.io.duck.literal_path), so it reads that run and not `runs/r1`.
+    """
     shards: list[str] = []
     for path in paths:
         listing = scan(path)
         for stray in listing.strays:
-            console.print(f"[yellow]warning:[/] skipping non-Parquet file {stray}", soft_wrap=True)
+            console.print(f"[yellow]warning:[/] not read (not a *.parquet shard name): {escape(stray)}",
+                          soft_wrap=True)
         shards.extend(listing.shards)
     if not shards:
         raise TerminalError(f"no shards found at {', '.join(paths)}", hint="shards are *.parquet files")
@@ -68,7 +74,7 @@ def register(app: typer.Typer) -> None:
             return
         table = Table(*columns, show_lines=False)
         for row in rows[:limit]:
-            table.add_row(*[_cell(v) for v in row])
+            table.add_row(*[plain(_cell(v)) for v in row])  # shard text: never markup or escape codes
         console.print(table)
         console.print(f"[dim]{len(rows)} rows[/]")
 

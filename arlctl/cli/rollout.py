@@ -8,11 +8,12 @@ import time
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.common import console, handle_errors, plain, print_json, terminal_safe
 from arlctl.cli.daemon import LOCK_WAIT_HELP
-from arlctl.errors import UsageError
+from arlctl.errors import TerminalError, UsageError
 from arlctl.io.fs import basename, join
 from arlctl.io.layout import metrics_dir_for, resolve_io
 from arlctl.io.shards import Lineage, config_hash
@@ -36,6 +37,9 @@ the policy at turn boundaries when RUN/policy/LATEST names a newer version (chec
 and holding back new groups while the untrained backlog would exceed --max-pending rows or the trainer
 is more than --max-staleness versions ahead (README "Running as daemons").
 """
+
+
+USABLE_STATUSES = ("ok", "truncated")  # statuses whose rows can be graded and trained on
 
 
 def parse_env_options(pairs: list[str], flag: str = "--env-opt") -> dict[str, Any]:
@@ -112,6 +116,7 @@ def register(app: typer.Typer) -> None:
         from arlctl.io.partition import owns, parse_worker
         from arlctl.stages.rollout import RolloutConfig
 
+        check_sampling_options(temperature, top_p, max_new_tokens, seed)
         task_list = load_tasks(tasks or f"builtin:{env}", env=env)
         if limit is not None:
             task_list = task_list[:limit]
@@ -158,9 +163,49 @@ def register(app: typer.Typer) -> None:
             print_json(summary)
         console.print(
             f"[bold]{summary['trajectories']}[/] trajectories in {summary['groups']} groups -> "
-            f"{summary['shards_written']} shards in {out}  ({summary['generated_tokens_per_s']:.1f} gen tok/s, "
+            f"{summary['shards_written']} shards in {escape(out)}  ({summary['generated_tokens_per_s']:.1f} gen tok/s, "
             f"mean env latency {summary['mean_env_latency_s'] * 1e3:.1f} ms, {summary['errors']} errors"
             f"{', interrupted' if summary['interrupted'] else ''})")
+        _fail_if_nothing_usable(summary, len(task_list))
+
+
+def _fail_if_nothing_usable(summary: dict[str, Any], tasks: int) -> None:
+    """Exit non-zero (after the summary) when a finished rollout produced no usable trajectory.
+
+    "Nothing fails silently" (DESIGN.md §6): a run that wrote nothing from non-empty input, or whose
+    every trajectory failed (policy_error, env_error, timeout), is a failed command with its cause. An
+    interrupted run is not judged: the user stopped it.
+    """
+    if summary["interrupted"] or tasks == 0:
+        return
+    cause = summary.get("last_error") or "no error was recorded"
+    if summary["rows_written"] == 0:
+        raise TerminalError(f"rollout wrote no rows from {tasks} tasks: {cause}",
+                            hint="re-run with --debug; check the policy backend and the environment")
+    usable = sum(summary["status"].get(s, 0) for s in USABLE_STATUSES)
+    if usable == 0:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(summary["status"].items()) if v)
+        raise TerminalError(f"every trajectory failed ({counts}); last error: {cause}",
+                            hint=f"the rows are kept in {summary['out']} for `arlctl show`")
+
+
+def check_sampling_options(temperature: float, top_p: float, max_new_tokens: int, seed: int | None) -> None:
+    """The sampling options through the same check every backend applies (UsageError: exit 2).
+
+    typer parses `--temperature nan` as a float; without this a NaN reached every log-prob of the run.
+    """
+    from arlctl.inference.sampling_check import (
+        MAX_NEW_TOKENS,
+        check_int,
+        check_seed,
+        check_temperature,
+        check_top_p,
+    )
+
+    check_temperature(temperature, "--temperature")
+    check_top_p(top_p, "--top-p")
+    check_int("--max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    check_seed(seed, "--seed")
 
 
 def _daemon_options(watch: bool, max_epochs: int | None, poll: float, max_pending: int | None,
@@ -208,7 +253,7 @@ def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: st
     for key, value in summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[key] = float(value)
-    row["last_error"] = summary.get("last_error")
+    row["last_error"] = summary.get("last_error")  # already Parquet-safe (see _run)
     for key, value in (summary.get("backend_metrics") or {}).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[f"backend_{key}"] = float(value)
@@ -228,13 +273,22 @@ def _dry_run(task_list: list[dict], env: str, options: dict, policy: str) -> Non
     resolved = resolve_policy(policy)
     codec = ChatCodec(AutoTokenizer.from_pretrained(str(resolved.path), local_files_only=True))
     environment = make_env(env, **options)
-    reset = asyncio.run(environment.reset(task_list[0]))
+    from arlctl.stages.rollout import parquet_safe_value
+
+    reset = asyncio.run(environment.reset(parquet_safe_value(task_list[0])))  # as the rollout itself would
     prompt = codec.prompt(reset.messages, reset.tools)
-    console.print(Panel(prompt.text, title=f"first prompt ({len(prompt.ids)} tokens, task {task_list[0].get('task_id')})",
-                        title_align="left"))
+    # Task text is data: terminal-safe plain Text, never parsed as Rich markup.
+    title = f"first prompt ({len(prompt.ids)} tokens, task {escape(terminal_safe(str(task_list[0].get('task_id'))))})"
+    console.print(Panel(plain(prompt.text), title=title, title_align="left"))
     console.print(f"tools: {[t['function']['name'] for t in reset.tools]}  "
                   f"({'in the chat template' if codec.tools_in_template else 'described in the system prompt'})")
     console.print(f"dry run: would roll out {len(task_list)} tasks; nothing written")
+
+
+def _safe_text(text: str | None) -> str | None:
+    from arlctl.stages.rollout import parquet_safe
+
+    return None if text is None else parquet_safe(text)
 
 
 async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet: bool,
@@ -278,7 +332,8 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
     started = time.monotonic()
     total = None if epochs is None else len(task_list) * epochs
     with Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("groups"),
-                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+                  # the detail holds error text (model-influenced): never parse it as markup
+                  TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), console=console,
                   disable=quiet, transient=False) as progress:
         bar = progress.add_task("rollout", total=total, detail="")
 
@@ -316,7 +371,7 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
         "mean_env_latency_s": stats.mean_env_latency_s(), "env_calls": stats.env_calls, "errors": stats.errors,
         "seconds": elapsed, "interrupted": stop.is_set(), "backend_metrics": backend_metrics,
         "epochs": stats.epochs_done, "policy_version": pol.version,
-        "last_error": stats.last_error or (follower.last_error if follower else None),
+        "last_error": _safe_text(stats.last_error or (follower.last_error if follower else None)),
     }
     if daemon is not None:
         summary["reloads"] = follower.reloads if follower else 0

@@ -9,7 +9,7 @@ import typer
 from rich.panel import Panel
 from rich.text import Text
 
-from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.common import console, handle_errors, plain, print_json
 from arlctl.cli.query import gather_shards
 from arlctl.errors import TerminalError
 from arlctl.io.duck import VIEW, connect
@@ -65,38 +65,54 @@ def register(app: typer.Typer) -> None:
 
 
 def _render(row: dict[str, Any]) -> None:
-    head = (f"[bold]{row['trajectory_id']}[/]  task {row['task_id']}  env {row['env']}  "
-            f"group {row['group_id'][:8]}#{row['sample_index']}  policy v{row['policy_version']}"
-            f"{'' if row['policy_version_last'] == row['policy_version'] else '..v' + str(row['policy_version_last'])}\n"
-            f"status [bold]{row['status']}[/] ({row['finish_reason']})  turns {row['num_turns']}  "
-            f"tool calls {row['num_tool_calls']}  env errors {row['env_errors']}  "
-            f"tokens {row['prompt_tokens']} prompt + {row['response_tokens']} response "
-            f"({row['generated_tokens']} sampled)  time {row['wall_time_s']:.2f}s "
-            f"(gen {row['gen_time_s']:.2f}s, env {row['env_time_s']:.2f}s)")
+    """Print a row for a human. Every value from the row is data (model, env or task-file text): it goes
+    through `plain` (control characters spelled out, no markup); only our own labels carry styles."""
+    version = f"v{row['policy_version']}"
+    if row["policy_version_last"] != row["policy_version"]:
+        version += f"..v{row['policy_version_last']}"
+    head = Text.assemble(
+        plain(row["trajectory_id"], "bold"), "  task ", plain(row["task_id"]), "  env ", plain(row["env"]),
+        "  group ", plain(str(row["group_id"])[:8]), f"#{row['sample_index']}  policy ", plain(version),
+        "\nstatus ", plain(row["status"], "bold"), " (", plain(row["finish_reason"]), ")",
+        f"  turns {row['num_turns']}  tool calls {row['num_tool_calls']}  env errors {row['env_errors']}  "
+        f"tokens {row['prompt_tokens']} prompt + {row['response_tokens']} response "
+        f"({row['generated_tokens']} sampled)  time {row['wall_time_s']:.2f}s "
+        f"(gen {row['gen_time_s']:.2f}s, env {row['env_time_s']:.2f}s)")
     console.print(Panel(head, title="trajectory", title_align="left"))
-    console.print(Panel(Text(row["prompt_text"], style="cyan"), title=f"prompt ({row['prompt_tokens']} tokens)",
+    console.print(Panel(plain(row["prompt_text"], "cyan"), title=f"prompt ({row['prompt_tokens']} tokens)",
                         title_align="left"))
     for turn in row["turns"]:
-        body = Text()
-        body.append(turn["text"], style="green")
-        calls = json.loads(turn["tool_calls"] or "[]")
-        for call in calls:
-            body.append(f"\n→ {call.get('name')}({json.dumps(call.get('arguments'))})", style="bold yellow")
-        if turn["observation"] is not None:
-            body.append("\n" + turn["observation"], style="dim")
-        if turn["error"]:
-            body.append(f"\n! {turn['error']}", style="red")
-        title = (f"turn {turn['index']}  [green]sampled {turn['gen_len']} tok (mask 1)[/]  "
-                 f"[dim]env {turn['obs_len']} tok (mask 0)[/]  v{turn['policy_version']}  "
-                 f"gen {turn['gen_latency_s']:.2f}s env {turn['env_latency_s']:.2f}s")
-        console.print(Panel(body, title=title, title_align="left"))
-    spans = " ".join(f"[green]{n}[/]" if m == 1 else f"[dim]{n}[/]" for m, n in mask_spans(row["response_mask"]))
-    console.print(f"mask spans (green sampled, dim environment): {spans}")
+        console.print(Panel(_turn_body(turn), title=Text.assemble(
+            f"turn {turn['index']}  ", (f"sampled {turn['gen_len']} tok (mask 1)", "green"), "  ",
+            (f"env {turn['obs_len']} tok (mask 0)", "dim"), f"  v{turn['policy_version']}  "
+            f"gen {turn['gen_latency_s']:.2f}s env {turn['env_latency_s']:.2f}s"), title_align="left"))
+    spans = Text("mask spans (green sampled, dim environment):")
+    for m, n in mask_spans(row["response_mask"]):
+        spans.append(f" {n}", style="green" if m == 1 else "dim")
+    console.print(spans)
     if row["final_state"] is not None:
-        console.print(Panel(row["final_state"], title="final state", title_align="left"))
+        console.print(Panel(plain(row["final_state"]), title="final state", title_align="left"))
     components = dict(row["reward_components"] or [])
-    console.print(f"reward [bold]{row['reward']}[/]  components {components}  version {row['reward_version']}")
+    console.print(Text.assemble("reward ", plain(row["reward"], "bold"), "  components ", plain(components),
+                                "  version ", plain(row["reward_version"])))
     if row["reward_info"]:
-        console.print(Panel(row["reward_info"], title="reward info", title_align="left"))
+        console.print(Panel(plain(row["reward_info"]), title="reward info", title_align="left"))
     if row["advantage"] is not None:
-        console.print(f"advantage {row['advantage']:.4f}  weight {row['weight']}")
+        console.print(plain(f"advantage {row['advantage']:.4f}  weight {row['weight']}"))
+
+
+def _turn_body(turn: dict[str, Any]) -> Text:
+    body = plain(turn["text"], "green")
+    try:
+        calls = json.loads(turn["tool_calls"] or "[]")
+    except ValueError:  # a planted shard: show the raw text rather than fail
+        calls = [{"name": turn["tool_calls"], "arguments": None}]
+    for call in calls if isinstance(calls, list) else [calls]:
+        call = call if isinstance(call, dict) else {"name": call}
+        arguments = json.dumps(call.get("arguments"), ensure_ascii=False)
+        body.append_text(plain(f"\n→ {call.get('name')}({arguments})", "bold yellow"))
+    if turn["observation"] is not None:
+        body.append_text(plain("\n" + turn["observation"], "dim"))
+    if turn["error"]:
+        body.append_text(plain(f"\n! {turn['error']}", "red"))
+    return body

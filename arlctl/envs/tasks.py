@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 from arlctl.errors import UsageError
 from arlctl.io.fs import get_fs
 
+MAX_TASK_DEPTH = 64  # JSON nesting levels a task may use (SWE-bench rows use 3)
 TaskSource = Callable[[dict[str, str]], list[dict[str, Any]]]
 BUILTIN_SOURCES: dict[str, TaskSource] = {}
 # builtin name -> module whose import registers it (lazy, so loading math tasks never imports swe).
@@ -82,27 +83,74 @@ def _load_builtin(spec: str) -> list[dict[str, Any]]:
 
 
 def _load_jsonl(url: str) -> list[dict[str, Any]]:
+    """Every non-blank line one task object. Any bad line is a one-line usage error `url:line: reason`;
+    a file without a task is an error too (a typo'd path to an empty file must not roll out nothing)."""
     fs, path = get_fs(url)
     if not fs.exists(path):
         raise UsageError(f"task file not found: {url}", hint="give a JSONL file or builtin:math?n=...")
     tasks: list[dict[str, Any]] = []
-    with fs.open(path, "r", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                task = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{url}:{lineno}: bad JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(task, dict):
-                raise UsageError(f"{url}:{lineno}: a task must be a JSON object, got {type(task).__name__}")
-            if "task_id" not in task and "instance_id" in task:
-                task["task_id"] = task["instance_id"]  # SWE-bench files name their id instance_id
-            if not isinstance(task.get("task_id"), str | int) or task["task_id"] == "":
-                raise UsageError(f"{url}:{lineno}: task has no 'task_id'")
-            task["task_id"] = str(task["task_id"])
-            tasks.append(task)
+    with fs.open(path, "rb") as handle:  # bytes: a bad byte is reported with its line, not as a traceback
+        for lineno, raw in enumerate(handle, start=1):
+            task = _parse_line(raw, url, lineno)
+            if task is not None:
+                tasks.append(task)
+    if not tasks:
+        raise UsageError(f"{url}: no tasks", hint="the file is empty or holds only blank lines")
     return tasks
+
+
+def _parse_line(raw: bytes, url: str, lineno: int) -> dict[str, Any] | None:
+    """One JSONL line as a task (None for a blank line)."""
+    where = f"{url}:{lineno}"
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # tolerate an editor's BOM
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{where}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                         hint="task files are UTF-8 JSONL") from None
+    if not line.strip():
+        return None
+    try:
+        task = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where}: bad JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise UsageError(f"{where}: bad JSON: nested too deeply") from None
+    if not isinstance(task, dict):
+        raise UsageError(f"{where}: a task must be a JSON object, got {type(task).__name__}")
+    if _depth(task) > MAX_TASK_DEPTH:
+        # json.loads accepts ~1000 levels, but every later recursive walk (rows, hashing) could not.
+        raise UsageError(f"{where}: bad JSON: nested deeper than {MAX_TASK_DEPTH} levels")
+    if "task_id" not in task and "instance_id" in task:
+        task["task_id"] = task["instance_id"]  # SWE-bench files name their id instance_id
+    task["task_id"] = _task_id(task.get("task_id"), where)
+    return task
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def _task_id(value: Any, where: str) -> str:
+    """A task id as a string: ids key groups, lineage and worker shares, so they must be plain text."""
+    if value is None or value == "":
+        raise UsageError(f"{where}: task has no 'task_id'")
+    # bool is an int to Python, but `true` is no id anyone meant.
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise UsageError(f"{where}: task_id must be a string (or an integer), got {type(value).__name__} "
+                         f"{json.dumps(value)[:60]}")
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a "\\ud800" escape: not text, cannot key anything
+        raise UsageError(f"{where}: task_id {json.dumps(text)} is not valid Unicode text") from None
+    return text
 
 
 def load_tasks(spec: str, env: str | None = None) -> list[dict[str, Any]]:
@@ -111,6 +159,8 @@ def load_tasks(spec: str, env: str | None = None) -> list[dict[str, Any]]:
     Task ids must be unique: groups and lineage are keyed by them.
     """
     tasks = _load_builtin(spec) if spec.startswith("builtin:") else _load_jsonl(spec)
+    if not tasks:
+        raise UsageError(f"{spec}: no tasks")
     seen: set[str] = set()
     for position, task in enumerate(tasks):
         task_id = task["task_id"]

@@ -45,12 +45,15 @@ class GroupShardWriter:
             await self._flush()
 
     async def _flush(self) -> None:
+        """Commit the buffer as one shard; the rows leave the buffer only once the shard is written, so a
+        failed write (full disk, a value Arrow refuses) loses nothing and the next flush tries again."""
         if not self._rows:
             return
-        rows, self._rows, self._groups = self._rows, [], 0
+        rows = self._rows
         self._last_flush = time.monotonic()
         if not self.dry_run:
             url, lineage = join(self.out, shard_name(self.prefix)), self.lineage()
             written = await asyncio.to_thread(lambda: write_shard(rows_to_table(rows), url, lineage))
             self.written.append(written)
+        self._rows, self._groups = [], 0
         self.rows_written += len(rows)

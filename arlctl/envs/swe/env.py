@@ -10,12 +10,16 @@ warm pool; for an image task (docker only) the sandbox runs the task's image wit
 mounted over its repo_dir. Tool failures are observations, never exceptions. On submit (and from
 `final_state()` when the loop ends otherwise) the episode's artifact is the diff of the workspace
 against the snapshot's commit, new files included, computed with a private git index so the agent's
-.git edits cannot hide it.
+.git edits cannot hide it. A diff over `max_diff_bytes` is cut at a line, starts with the
+DIFF_TRUNCATED marker line, and `final_state_truncated` says why: the rollout records such a row as
+status `truncated`, and `diff_truncation()` lets the grader refuse to score a partial patch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import secrets
 import shlex
 from typing import Any
 
@@ -31,6 +35,11 @@ from arlctl.tools.render import format_parse_error, format_tool_result
 ENV_VERSION = "swe-1"
 SUBMIT_COMMANDS = {"echo SUBMIT", "submit", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
 TRUNCATION_MARKER = "\n[... output truncated: {omitted} characters omitted ...]\n"
+MAX_DIFF_BYTES = 1 << 20  # the sandboxes' default output cap per stream
+# First line of a diff that was cut; git would skip it as commentary, so the grader must check for it.
+DIFF_TRUNCATED = "# arlctl: diff truncated: kept {kept} of {size} bytes\n"
+_DIFF_TRUNCATED_RE = re.compile(r"# arlctl: diff truncated: kept (\d+) of (\d+|unknown) bytes\n")
+_DIFF_SIZE_RE = re.compile(r"arlctl-diff-bytes:\s*(\d+)")
 
 
 def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -79,13 +88,16 @@ class SweEnv:
 
     def __init__(self, mode: str = "tools", sandbox: str = "bwrap", sandboxes: int = 8,
                  provider: Provider | None = None, command_timeout: float = 20.0, max_output_chars: int = 8000,
-                 max_calls_per_turn: int = 8, insecure_sandbox: bool = False, **limits: Any):
+                 max_calls_per_turn: int = 8, insecure_sandbox: bool = False,
+                 max_diff_bytes: int = MAX_DIFF_BYTES, **limits: Any):
         if mode not in ("tools", "text"):
             raise UsageError(f"swe mode must be 'tools' or 'text', got {mode!r}")
         self.mode, self.kind, self.sandboxes = mode, sandbox, sandboxes
         self.provider, self.insecure, self.limits = provider, insecure_sandbox, limits
         self.command_timeout, self.max_output_chars = command_timeout, max_output_chars
         self.max_calls_per_turn = max_calls_per_turn
+        self.max_diff_bytes = max_diff_bytes
+        self.final_state_truncated: str | None = None  # why the last final_state() was cut, if it was
         self.tools = list(TOOLS) if mode == "tools" else []
         self.tool_format = "hermes" if mode == "tools" else "bash"
         self.task: dict[str, Any] | None = None
@@ -105,6 +117,7 @@ class SweEnv:
         if not isinstance(task.get("problem_statement"), str):
             raise TerminalError(f"swe task {task.get('task_id')!r} has no problem_statement")
         await self._release()
+        self.final_state_truncated = None
         # Image tasks (SWE-bench images) need the docker backend; this refuses them elsewhere, clearly.
         options = await asyncio.to_thread(sandbox_options, task, self.kind)
         snapshot = await asyncio.to_thread(prepare_snapshot, task)
@@ -154,19 +167,42 @@ class SweEnv:
     # ---- the artifact -------------------------------------------------------------------------------
 
     async def final_state(self) -> str:
-        """The diff of the workspace against the snapshot commit, new files included."""
+        """The diff of the workspace against the snapshot commit, new files included.
+
+        Over max_diff_bytes it is cut at a line and flagged (DIFF_TRUNCATED first line and
+        self.final_state_truncated): the diff's full size is measured, never inferred from the output.
+        """
+        self.final_state_truncated = None
         if self.lease is None:
             return ""
         base = shlex.quote(self.base_commit)
         # A private index: whatever the agent did to .git/index, the diff is of the files on disk.
         pathspec = "-- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc' ':(exclude).pytest_cache'"
-        script = (f"export GIT_INDEX_FILE=/tmp/.arlctl-diff-index && rm -f $GIT_INDEX_FILE && "
+        out = f"/tmp/.arlctl-diff-{secrets.token_hex(8)}"
+        script = (f"export GIT_INDEX_FILE=/tmp/.arlctl-diff-index && rm -f $GIT_INDEX_FILE {out} && "
                   f"{_git('read-tree ' + base)} && {_git('add -A -f ' + pathspec)} && "
-                  f"{_git('diff --cached --no-color --no-ext-diff --no-textconv ' + base)}")
+                  f"{_git('diff --cached --no-color --no-ext-diff --no-textconv ' + base)} > {out} && "
+                  f'echo "arlctl-diff-bytes: $(wc -c < {out})" >&2 && head -c {int(self.max_diff_bytes)} {out}; '
+                  f"status=$?; rm -f {out}; exit $status")
         result = await self.sandbox.exec(script, timeout=self.command_timeout)
         if result.exit_code != 0:
             return ""
-        return result.stdout
+        return self._flag_cut(result.stdout, result.stderr)
+
+    def _flag_cut(self, diff: str, stderr: str) -> str:
+        """`diff` as is, or (when it is not the whole diff) cut at its last line with the marker first."""
+        sizes = _DIFF_SIZE_RE.findall(stderr)
+        size = int(sizes[-1]) if sizes else None
+        # Cut by us (head -c) or by the sandbox's own output cap: either way less than the whole diff.
+        # (Undecodable bytes decode to U+FFFD, 3 bytes, so the kept text never looks shorter than it is.)
+        whole = size is not None and size <= self.max_diff_bytes and len(diff.encode("utf-8", "replace")) >= size
+        if whole:
+            return diff
+        kept = diff[: diff.rfind("\n") + 1]  # no half line: the kept part is a readable prefix
+        kept_bytes = len(kept.encode("utf-8", "replace"))
+        self.final_state_truncated = (f"diff truncated: {size if size is not None else 'unknown'} bytes, "
+                                      f"limit {self.max_diff_bytes}; kept the first {kept_bytes}")
+        return DIFF_TRUNCATED.format(kept=kept_bytes, size=size if size is not None else "unknown") + kept
 
     # ---- tools --------------------------------------------------------------------------------------
 
@@ -206,6 +242,18 @@ class SweEnv:
 def _git(args: str) -> str:
     return ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=false "
             f"-c safe.directory='*' {args}")
+
+
+def diff_truncation(final_state: str | None) -> tuple[int, int | None] | None:
+    """(bytes kept, full size or None if unknown) when `final_state` is a diff SweEnv had to cut, else None.
+
+    For the grader: a cut diff is not the agent's whole change, so it must not be applied and scored
+    as if it were (its tail is missing; a cut at a file boundary would even apply cleanly).
+    """
+    match = _DIFF_TRUNCATED_RE.match(final_state or "")
+    if match is None:
+        return None
+    return int(match.group(1)), None if match.group(2) == "unknown" else int(match.group(2))
 
 
 def make_swe_env(**options: Any) -> SweEnv:
