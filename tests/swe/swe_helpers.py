@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 
 def run(coro):
     return asyncio.run(coro)
@@ -39,3 +41,24 @@ def make_diff(task: dict, edits: dict[str, str | None | Callable[[str], str]]) -
                           capture_output=True, text=True).stdout
     shutil.rmtree(work)
     return diff
+
+
+def grading_factory(kind: str):
+    """A grading sandbox factory of `kind` (bwrap or docker), or a skip saying what is missing."""
+    from arlctl.envs.swe.grader import sandbox_factory
+    from arlctl.sandbox.bwrap import bwrap_available
+
+    if kind == "bwrap" and not bwrap_available():
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
+    if kind == "docker":
+        from arlctl.sandbox.docker import DEFAULT_IMAGE, docker_client
+
+        try:  # the engine and its base image, as the docker tier's other tests check them
+            docker_client(timeout=5).images.get(DEFAULT_IMAGE)
+        except Exception as err:
+            pytest.skip(f"no docker engine with the base image ({err}); run .ci/docker_setup.sh")
+    return sandbox_factory(kind)
+
+
+# The hacking suites run on both grading backends: `bwrap` there is this fixture, parametrised.
+BACKENDS = ["bwrap", pytest.param("docker", marks=pytest.mark.docker)]

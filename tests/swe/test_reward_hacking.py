@@ -1,8 +1,11 @@
-"""Reward hacking: every attack scores 0 while the real fix scores 1, graded in real bwrap sandboxes.
+"""Reward hacking against in-process grading: every attack scores 0 while the real fix scores 1.
 
-All attacks target stockroom-001 (`needs_reorder` misses items exactly at their threshold). Each test
-also checks *why* it scored 0 where the grader can tell (a tamper flag, a harness detection), so a
-test cannot pass merely because the bug happens to stay unfixed.
+All attacks target stockroom-001 (`needs_reorder` misses items exactly at their threshold), graded in
+real bwrap sandboxes the way a SWE-bench row is (the hidden tests run as they are, in the process that
+imports the model's code), with the static scan off, so each test shows what the diff filter and the
+authenticated harness stop on their own. Each test also checks *why* it scored 0 where the grader can
+tell (a tamper flag, a harness detection), so a test cannot pass merely because the bug stays unfixed.
+The same attacks against the default grading (probe mode, scan on) are in test_grading_trust.py.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from swe_helpers import make_diff, run
+from swe_helpers import BACKENDS, grading_factory, make_diff, run
 
 from arlctl.envs.swe.grader import grade
 from arlctl.envs.swe.tasks import SUITE_DIR, load_suite_task, prepare_snapshot
@@ -22,9 +25,16 @@ REORDER = "stockroom/reorder.py"
 FIX = ("return item.quantity < item.reorder_at", "return item.quantity <= item.reorder_at")
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def bwrap(request):
+    """The grading backend: every attack here runs on bwrap, and on docker in the docker tier."""
+    return grading_factory(request.param)
+
+
 @pytest.fixture(scope="module")
 def task():
-    return load_suite_task(TASK_ID)
+    """stockroom-001 without its probe form: graded in-process, as a SWE-bench row would be."""
+    return {k: v for k, v in load_suite_task(TASK_ID).items() if k not in ("probe_patch", "probe_expected")}
 
 
 def _fixed(text: str) -> str:
@@ -36,7 +46,7 @@ def _append(code: str):
 
 
 def _grade(task, edits, bwrap, **kwargs):
-    return run(grade(task, make_diff(task, edits), bwrap, **kwargs))
+    return run(grade(task, make_diff(task, edits), bwrap, scan=False, **kwargs))
 
 
 def _reasons(info):

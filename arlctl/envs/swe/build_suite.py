@@ -7,6 +7,11 @@ exact old/new replacements, the hidden test files and an issue-like problem stat
 running pytest on the host: FAIL_TO_PASS = hidden tests that fail on the buggy code and pass with the
 gold patch (must be non-empty); PASS_TO_PASS = every other test, which must pass both times.
 
+It also writes the probe form of every test file (`probe_patch`, see probes.py) and the records the gold
+fix produces under it (`probe_expected`): the grader's trusted side compares against those, so the
+sandbox never holds an expected value. The build checks that probe grading agrees with pytest's verdict
+on the buggy and on the gold code, test by test.
+
     python -m arlctl.envs.swe.build_suite            # rebuild all
     python -m arlctl.envs.swe.build_suite --check    # verify without writing
 """
@@ -142,6 +147,73 @@ def parse_junit(xml_text: str) -> dict[str, str]:
     return outcomes
 
 
+def run_probes(repo: Path) -> str:
+    """Run the probe forms of the tests in repo on the host; returns the recorder's raw lines."""
+    from arlctl.envs.swe.probes import PROBE_MODULE
+
+    out = repo.parent / "probes.jsonl"
+    out.unlink(missing_ok=True)
+    harness = repo.parent / "harness"
+    harness.mkdir(exist_ok=True)
+    shutil.copy(HERE / "harness" / "probe.py", harness / f"{PROBE_MODULE}.py")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", "-c",
+                    "/dev/null", "--rootdir", str(repo), "-p", PROBE_MODULE, "--arlctl-probe-out", str(out),
+                    "tests"], cwd=repo, capture_output=True, text=True, timeout=120,
+                   env={"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(harness)})
+    return out.read_text(encoding="utf-8") if out.exists() else ""
+
+
+def probe_forms(spec: dict) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Probe form of every test file (visible and hidden), and node id prefix -> expected raise names."""
+    from arlctl.envs.swe.probes import to_probe_source
+
+    forms: dict[str, str] = {}
+    raises: dict[str, list[str]] = {}
+    tests = {p: c for p, c in spec["files"].items() if p.startswith("tests/")} | spec["hidden"]
+    for path, content in tests.items():
+        forms[path], names = to_probe_source(content)
+        raises.update({f"{path}::{function}": found for function, found in names.items()})
+    return forms, raises
+
+
+def expected_records(gold_lines: str, raises: dict[str, list[str]], iid: str) -> dict[str, list[dict]]:
+    """The gold run's records, with each raise check replaced by the exception name the test demands."""
+    from arlctl.envs.swe.probes import records_by_test
+
+    by_test, junk = records_by_test(gold_lines)
+    if junk:
+        raise ValueError(f"{iid}: {junk} unreadable probe lines on the gold code")
+    expected: dict[str, list[dict]] = {}
+    for node, records in by_test.items():
+        names = list(raises.get(node, []))
+        kept = []
+        for record in records:
+            if record["mode"] == "raises":
+                if not names or record["v"][0] != "raised":
+                    raise ValueError(f"{iid}: {node}: the gold code did not raise where the test expects it")
+                record = {"mode": "raises", "v": ["raises", names.pop(0)]}
+            kept.append({"mode": record["mode"], "v": record["v"]})
+        if names:
+            raise ValueError(f"{iid}: {node}: raise checks {names} were not reached on the gold code")
+        expected[node] = kept
+    return expected
+
+
+def check_probes(iid: str, expected: dict, buggy_lines: str, gold_lines: str, f2p: list[str],
+                 p2p: list[str]) -> None:
+    """Probe verdicts must agree with pytest's: F2P fail on the buggy code, everything passes on the gold."""
+    from arlctl.envs.swe.probes import verdicts
+
+    ids = f2p + p2p
+    gold, _ = verdicts(gold_lines, expected, ids)
+    buggy, _ = verdicts(buggy_lines, expected, ids)
+    wrong = [i for i in ids if gold[i] != "passed"] + [i for i in p2p if buggy[i] != "passed"]
+    wrong += [i for i in f2p if buggy[i] == "passed"]
+    if wrong:
+        raise ValueError(f"{iid}: probe grading disagrees with pytest on {sorted(set(wrong))}")
+
+
 def build_task(spec: dict, out_dir: Path | None) -> dict:
     """Make patch/test_patch with git, verify F2P/P2P on the host; write the task if out_dir is set."""
     iid = spec["instance_id"]
@@ -161,6 +233,16 @@ def build_task(spec: dict, out_dir: Path | None) -> dict:
         write_tree(repo, gold)
         patch = _git(repo, "diff")
         _git(repo, "checkout", "-q", ".")
+        forms, raises = probe_forms(spec)
+        write_tree(repo, forms)
+        _git(repo, "add", "-A")
+        probe_patch = _git(repo, "diff", "--cached")
+        buggy_probes = run_probes(repo)
+        write_tree(repo, gold)
+        write_tree(repo, forms)  # gold holds the original visible tests
+        gold_probes = run_probes(repo)
+        _git(repo, "reset", "-q", "--hard")
+        _git(repo, "clean", "-q", "-fdx")
         write_tree(repo, hidden)
         _git(repo, "add", "-A")
         test_patch = _git(repo, "diff", "--cached")
@@ -174,10 +256,13 @@ def build_task(spec: dict, out_dir: Path | None) -> dict:
     flaky = sorted(n for n in after if n not in hidden_ids and before.get(n) != "passed")
     if not f2p or broken or flaky:
         raise ValueError(f"{iid}: f2p={f2p} failing-after-gold={broken} visible-failing-before={flaky}")
+    probe_expected = expected_records(gold_probes, raises, iid)
+    check_probes(iid, probe_expected, buggy_probes, gold_probes, f2p, p2p)
     task = {"instance_id": iid, "repo": f"arlctl-suite/{package}", "base_commit": "buggy",
             "problem_statement": spec["problem"], "hints_text": "", "version": "1.0",
             "bug_kind": spec.get("kind", ""), "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p,
-            "test_patch": test_patch, "patch": patch}
+            "test_patch": test_patch, "patch": patch, "probe_patch": probe_patch,
+            "probe_expected": probe_expected}
     if out_dir is not None:
         target = out_dir / iid
         if target.exists():

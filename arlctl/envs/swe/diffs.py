@@ -4,12 +4,20 @@ The agent's diff is data it wrote; the grader keeps only edits to ordinary sourc
 touch tests, pytest configuration, import hooks (sitecustomize, usercustomize, *.pth), git metadata,
 binary files, symlinks or paths outside the repository are dropped, and each is reported as a tamper
 flag so reward_info shows what was attempted.
+
+What a diff touches is decided by git, the program that will apply it: `git apply --numstat` lists the
+paths of the whole diff and of each section as this module split it. A diff git cannot parse, or one
+where git sees a path our split did not (a second file patch hidden after a junk line inside a hunk,
+a patch before the first header), is rejected whole: nothing of it is applied, and nothing is repaired.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 
 # Paths whose edits never count: the tests and everything that configures how they run.
@@ -32,11 +40,37 @@ class FileSection:
 class FilteredDiff:
     diff: str  # what will be applied
     kept: list[str] = field(default_factory=list)
+    sections: dict[str, str] = field(default_factory=dict)  # kept path -> its section of `diff`
     tamper: list[dict[str, str]] = field(default_factory=list)
 
 
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(path: str) -> str:
+    """git's C-style quoted path ("a/t\\303\\251st.py") as the bytes it names, decoded as UTF-8."""
+    if not (len(path) >= 2 and path[0] == path[-1] == '"'):
+        return path
+    out, body, index = bytearray(), path[1:-1], 0
+    while index < len(body):
+        char = body[index]
+        if char == "\\" and index + 1 < len(body):
+            nxt = body[index + 1]
+            if nxt in "01234567" and body[index + 1 : index + 4].isdigit():
+                out.append(int(body[index + 1 : index + 4], 8) & 0xFF)
+                index += 4
+                continue
+            out.append(_ESCAPES.get(nxt, ord(nxt) if ord(nxt) < 128 else 63))
+            index += 2
+            continue
+        out.extend(char.encode("utf-8"))
+        index += 1
+    return out.decode("utf-8", "replace")
+
+
 def _strip_prefix(path: str) -> str | None:
-    path = path.strip().split("\t")[0]
+    path = path.strip()
+    path = _unquote(path) if path.startswith('"') else path.split("\t")[0]
     if path == "/dev/null":
         return None
     if path.startswith(("a/", "b/")):
@@ -71,9 +105,9 @@ def _parse_section(chunk: list[str]) -> FileSection:
         elif line.startswith(("new file mode", "deleted file mode", "old mode", "new mode")) and "120000" in line:
             symlink = True
         elif line.startswith(("rename from ", "copy from ")):
-            old = line.split(" ", 2)[2].strip()
+            old = _unquote(line.split(" ", 2)[2].strip())
         elif line.startswith(("rename to ", "copy to ")):
-            new = line.split(" ", 2)[2].strip()
+            new = _unquote(line.split(" ", 2)[2].strip())
         elif line.startswith(("GIT binary patch", "Binary files ")):
             binary = True
         elif line.startswith("@@"):
@@ -110,27 +144,89 @@ def protected_reason(path: str) -> str | None:
     return None
 
 
+def _numstat(diff: str, reverse: bool) -> list[str] | None:
+    """One path per file patch, as `git apply --numstat` names it (None: git rejects the patch).
+
+    Runs in an empty directory with no user or system configuration; --numstat reads the patch and
+    applies nothing. For a rename git names the new path; with --reverse, the old one."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C"}
+    cmd = ["git", "apply", "--numstat", "-z", *(["--reverse"] if reverse else []), "-"]
+    with tempfile.TemporaryDirectory(prefix="arlctl-diff-") as empty:
+        result = subprocess.run(cmd, input=diff.encode("utf-8", "replace"), cwd=empty, env=env,
+                                capture_output=True, check=False)
+    if result.returncode != 0:
+        return None
+    paths: list[str] = []
+    fields = result.stdout.decode("utf-8", "replace").split("\0")
+    index = 0
+    while index < len(fields) and fields[index]:
+        parts = fields[index].split("\t", 2)
+        if len(parts) != 3:
+            return None
+        if parts[2]:
+            paths.append(parts[2])
+            index += 1
+        else:  # "added\tdeleted\t\0old\0new\0" where a version of git names both sides
+            paths.append(fields[index + 2] if not reverse else fields[index + 1])
+            index += 3
+    return paths
+
+
+def git_patches(diff: str) -> list[set[str]] | None:
+    """The file patches git finds in `diff`, each as the set of paths it touches (both sides of a rename).
+
+    None when git cannot parse the diff."""
+    forward, backward = _numstat(diff, reverse=False), _numstat(diff, reverse=True)
+    if forward is None or backward is None or len(forward) != len(backward):
+        return None
+    return [{new, old} for new, old in zip(forward, backward)]
+
+
+def _declared(section: FileSection) -> set[str]:
+    return {p for p in (section.old_path, section.new_path) if p}
+
+
+def _reject(result: FilteredDiff, reason: str, path: str = "") -> FilteredDiff:
+    result.diff, result.kept, result.sections = "", [], {}
+    result.tamper.append({"path": path, "reason": reason})
+    return result
+
+
 def filter_diff(diff: str) -> FilteredDiff:
-    """Keep sections that edit ordinary source files; flag every other one."""
+    """Keep sections that edit ordinary source files; flag every other one.
+
+    The whole diff is rejected (nothing kept, one tamper flag) when git cannot parse it, or when git
+    does not find exactly one file patch in each section as split here and nothing outside them."""
     result = FilteredDiff(diff="")
     kept_text = []
-    if diff.strip() and not split_sections(diff):
-        result.tamper.append({"path": "", "reason": "unparseable_diff"})
+    if not diff.strip():
         return result
-    for section in split_sections(diff):
-        paths = [p for p in (section.old_path, section.new_path) if p]
+    sections = split_sections(diff)
+    whole = git_patches(diff)
+    if not sections or whole is None:
+        return _reject(result, "unparseable_diff")
+    touched: list[set[str]] = []
+    for section in sections:
+        patches = git_patches(section.text)
+        if patches is None or len(patches) != 1:
+            return _reject(result, "smuggled_section", section.new_path or section.old_path or "")
+        touched.append(patches[0])
+    if len(whole) != len(sections) or set().union(*whole) != set().union(*touched):
+        return _reject(result, "smuggled_section")
+    for section, by_git in zip(sections, touched):
+        paths = sorted(_declared(section) | by_git, key=lambda p: (p != section.new_path, p))
         reasons = [r for r in (protected_reason(p) for p in paths) if r]
         if section.binary:
             reasons.append("binary")
         if section.symlink:
             reasons.append("symlink")
-        if not paths:
-            reasons.append("unparseable_diff")
         if reasons:
-            result.tamper.append({"path": paths[-1] if paths else "", "reason": reasons[0]})
+            result.tamper.append({"path": section.new_path or paths[0], "reason": reasons[0]})
             continue
         kept_text.append(section.text)
-        result.kept.append(paths[-1])
+        result.kept.append(section.new_path or paths[0])
+        result.sections[section.new_path or paths[0]] = section.text
     result.diff = "".join(kept_text)
     return result
 

@@ -3,7 +3,10 @@
     reward, components, info = await grade(task, diff, sandbox_factory)
 
 1. Filter the diff (diffs.py): edits to tests, conftest.py, pytest configuration, import hooks, git
-   metadata, binaries and symlinks are dropped and flagged as tamper in info.
+   metadata, binaries and symlinks are dropped and flagged as tamper in info; a diff git reads
+   differently from us (a file patch smuggled inside a hunk) or cannot parse is rejected whole.
+   Then scan what the diff adds to Python files (scan.py) for code that reaches the interpreter or the
+   harness: any finding is tamper and scores 0 without running anything.
 2. Start a FRESH sandbox on the task's pristine snapshot; no model code has run in it. An image task
    (SWE-bench image) is graded in a fresh container of its own image, the pristine one-commit export
    of its repo_dir mounted over that directory (docker only; see tasks.py).
@@ -12,17 +15,24 @@
    with --noconftest, -c /dev/null (repo config ignored), -p no:cacheprovider, plugin autoload off and
    -P (cwd not on sys.path first), with the harness plugin (harness/plugin.py) and results written
    outside the repository.
-4. The plugin authenticates every record with a per-run secret handed over through a pipe; the host
+4. Probe mode (every task with `probe_patch` and `probe_expected`: the built-in suite). The tests run
+   in their probe form, which holds no expected values; the tested process only records what each check
+   would have compared (harness/probe.py) and the host compares those records with `probe_expected`,
+   which never enters the sandbox (probes.py). Nothing the tested process does can forge the verdict:
+   it can only write values, and it cannot see which values pass. pytest's own outcome is not used.
+5. In-process mode (SWE-bench rows, image tasks: the tests must run as they are). The plugin
+   authenticates every record with a per-run secret handed over through a pipe; the host
    verifies each HMAC, the unbroken sequence, the final session record, the pytest exit code (which must
    agree with the session record) and the absence of tamper records (patched pytest/unittest/builtins,
    changed test files).
 
-reward = 1 only if every FAIL_TO_PASS and PASS_TO_PASS id passed (setup, call and teardown), the exit
-code is 0 and nothing was tampered with; ids missing from the results count as failed. Components:
-f2p (fraction of FAIL_TO_PASS passed), p2p, tests_passed. Residual risk, stated plainly: the model's code
-shares the pytest process, so code written specifically against this harness could in principle locate
-the secret in the plugin's memory; heap walking, ctypes, process spawning and writes to the tests are
-refused by an audit hook to make that hard, and the grader never trusts an unauthenticated byte.
+reward = 1 only if every FAIL_TO_PASS and PASS_TO_PASS id passed (in probe mode: recorded exactly its
+expected checks; in-process: setup, call and teardown passed and the exit code is 0) and nothing was
+tampered with; ids missing from the results count as failed. Components: f2p (fraction of FAIL_TO_PASS
+passed), p2p, tests_passed. Residual risk of in-process mode, stated plainly: the model's code shares the
+pytest process, so code written against this harness can reach the plugin's state; the scan of step 1
+and the audit hook make that hard, but only probe mode makes it impossible. docs/security.md has the
+whole threat model.
 """
 
 from __future__ import annotations
@@ -37,9 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from arlctl.envs.swe.diffs import filter_diff, paths_in
+from arlctl.envs.swe.env import diff_truncation
+from arlctl.envs.swe.probes import PROBE_MODULE, verdicts
+from arlctl.envs.swe.scan import scan_diff
 from arlctl.envs.swe.tasks import image_of, prepare_snapshot, sandbox_options, test_files, test_ids
 from arlctl.errors import UsageError
 from arlctl.sandbox.base import Sandbox
+from arlctl.sandbox.scrub import scrub_log
 
 REWARD_VERSION = "swe-1"
 HARNESS_DIR = Path(__file__).with_name("harness")
@@ -52,13 +66,22 @@ def _pytest_args(task: dict[str, Any], workdir: str) -> list[str]:
             workdir, "--import-mode=append", "-q", "--tb=short", "-o", "console_output_style=classic"]
 
 
+def grading_mode(task: dict[str, Any]) -> str:
+    """probe: the verdict is computed on the host from recorded values; inprocess: pytest's, authenticated."""
+    return "probe" if task.get("probe_patch") and task.get("probe_expected") else "inprocess"
+
+
 def _bundle(task: dict[str, Any], diff: str, workdir: str, key: str, marker: str, timeout: float,
             allow_subprocess: bool) -> dict[str, Any]:
     nonce = secrets.token_hex(8)
-    test_patch = task.get("test_patch") or ""
+    mode = grading_mode(task)
+    if mode == "probe":  # the probe files import the recorder by its fixed name
+        test_patch, module, plugin = task["probe_patch"], PROBE_MODULE, "probe.py"
+    else:
+        test_patch, module, plugin = task.get("test_patch") or "", f"arlctl_grade_{nonce}", "plugin.py"
     return {
-        "workdir": workdir, "harness_dir": f"/tmp/arlctl-grade-{nonce}", "plugin_module": f"arlctl_grade_{nonce}",
-        "plugin_source": (HARNESS_DIR / "plugin.py").read_text(encoding="utf-8"), "diff": diff,
+        "mode": mode, "workdir": workdir, "harness_dir": f"/tmp/arlctl-grade-{nonce}", "plugin_module": module,
+        "plugin_source": (HARNESS_DIR / plugin).read_text(encoding="utf-8"), "diff": diff,
         "test_patch": test_patch, "test_paths": paths_in(test_patch), "test_files": test_files(task),
         "pytest_args": _pytest_args(task, workdir), "key": key, "marker": marker, "timeout": timeout,
         "allow_subprocess": allow_subprocess,
@@ -117,7 +140,8 @@ def outcomes_from(records: list[dict[str, Any]]) -> dict[str, str]:
 def score_report(task: dict[str, Any], report: dict[str, Any], key: bytes) -> tuple[float, dict, dict]:
     """Turn the driver's report into (reward, components, info)."""
     f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
-    info: dict[str, Any] = {"apply_ok": report.get("apply_ok", False), "exit_code": report.get("exit_code"),
+    info: dict[str, Any] = {"mode": "inprocess", "apply_ok": report.get("apply_ok", False),
+                            "exit_code": report.get("exit_code"),
                             "timed_out": report.get("timed_out", False), "harness_tamper": []}
     records, error = verify_records(report.get("results", ""), key)
     outcomes = outcomes_from(records)
@@ -146,17 +170,59 @@ def score_report(task: dict[str, Any], report: dict[str, Any], key: bytes) -> tu
     return reward, components, info
 
 
+def score_probes(task: dict[str, Any], report: dict[str, Any]) -> tuple[float, dict, dict]:
+    """Probe mode: compare the recorded checks with the expected ones, here, outside the sandbox."""
+    f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
+    outcomes, details = verdicts(report.get("results", ""), task["probe_expected"], f2p + p2p)
+    info: dict[str, Any] = {"mode": "probe", "apply_ok": report.get("apply_ok", False),
+                            "exit_code": report.get("exit_code"), "timed_out": report.get("timed_out", False),
+                            "harness_tamper": [], **details}
+    trusted = bool(info["apply_ok"]) and not report.get("harness_error")
+    passed = sorted(i for i in f2p + p2p if outcomes.get(i) == "passed")
+    failed = sorted(i for i in f2p + p2p if outcomes.get(i) != "passed")
+    f2p_frac = sum(outcomes.get(i) == "passed" for i in f2p) / max(len(f2p), 1) if trusted else 0.0
+    p2p_frac = sum(outcomes.get(i) == "passed" for i in p2p) / max(len(p2p), 1) if trusted else 0.0
+    reward = 1.0 if trusted and not failed and f2p else 0.0
+    info.update(trusted=trusted, passed=passed, failed=failed,
+                missing=sorted(i for i in f2p + p2p if outcomes.get(i) == "missing"), outcomes=outcomes)
+    return reward, {"f2p": f2p_frac, "p2p": p2p_frac, "tests_passed": reward}, info
+
+
+def _not_run(task: dict[str, Any], started: float, tamper: list, kept: list, why: str,
+             **extra: Any) -> tuple[float, dict[str, float], dict[str, Any]]:
+    """A 0 for a diff that is not run at all (flagged by the scan, or cut short), with the reason."""
+    f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
+    info = {"mode": grading_mode(task), "trusted": False, "apply_ok": False, "passed": [],
+            "failed": sorted(f2p + p2p), "missing": [], "harness_tamper": [], "tamper": tamper, "kept_files": kept,
+            "results_error": why, "grade_seconds": round(time.monotonic() - started, 3),
+            "reward_version": REWARD_VERSION, **extra}
+    return 0.0, {"f2p": 0.0, "p2p": 0.0, "tests_passed": 0.0}, info
+
+
+def _scan_tamper(filtered: Any, snapshot: str) -> list[dict[str, str]]:
+    return [finding.as_tamper() for finding in scan_diff(filtered.diff, snapshot, filtered.sections)]
+
+
 async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory, *, timeout: float = 120.0,
-                allow_subprocess: bool = False) -> tuple[float, dict[str, float], dict[str, Any]]:
+                allow_subprocess: bool = False, scan: bool = True) -> tuple[float, dict[str, float], dict[str, Any]]:
     """Grade one diff against the task's hidden tests in a fresh sandbox from `sandbox_factory`.
 
     For an image task the factory is called as `factory(snapshot, image=..., workdir=..., env=...)`
-    (a docker factory: `sandbox_factory("docker")`)."""
+    (a docker factory: `sandbox_factory("docker")`). scan=False skips the static scan (tests use it to
+    show that probe mode holds on its own)."""
     started = time.monotonic()
+    cut = diff_truncation(diff)
+    if cut is not None:  # a cut diff is not the agent's change: not applied, scored 0 (the policy's doing)
+        return _not_run(task, started, [], [], f"diff truncated: kept {cut[0]} of {cut[1] or 'unknown'} bytes; "
+                        "not graded", truncated=True, kept_bytes=cut[0], diff_bytes=cut[1])
     filtered = filter_diff(diff or "")
     key, marker = secrets.token_bytes(32), f"@@arlctl-grade-{secrets.token_hex(16)}@@"
     options = sandbox_options(task, "docker") if image_of(task) else {}
     snapshot = prepare_snapshot(task)
+    scan_tamper = _scan_tamper(filtered, snapshot) if scan else []
+    if scan_tamper:  # flagged code is never run: reward 0, and the reason
+        return _not_run(task, started, filtered.tamper + scan_tamper, filtered.kept,
+                        f"tamper: {scan_tamper[0]['reason']} ({scan_tamper[0]['detail']})")
     sandbox = await (sandbox_factory(snapshot, **options) if options else sandbox_factory(snapshot))
     try:
         bundle = _bundle(task, filtered.diff, sandbox.workdir, key.hex(), marker, timeout, allow_subprocess)
@@ -169,11 +235,18 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
     lines = [line for line in result.stdout.splitlines() if line.startswith(marker)]
     if lines:
         report = json.loads(lines[-1][len(marker) :])
-    reward, components, info = score_report(task, report, key)
+    if grading_mode(task) == "probe":
+        reward, components, info = score_probes(task, report)
+    else:
+        reward, components, info = score_report(task, report, key)
+    workdir = sandbox.workdir
     if not lines:
-        info["results_error"] = f"grading driver produced no report (exit {result.exit_code}): {result.stderr[-500:]}"
-    info.update(tamper=filtered.tamper, kept_files=filtered.kept, apply_error=report.get("apply_error", ""),
-                harness_error=report.get("harness_error", ""), log_tail=report.get("log_tail", "")[-1500:],
+        info["results_error"] = ("grading driver produced no report (exit "
+                                 f"{result.exit_code}): {scrub_log(result.stderr, workdir, 500)}")
+    info.update(tamper=filtered.tamper, kept_files=filtered.kept,
+                apply_error=scrub_log(report.get("apply_error", ""), workdir),
+                harness_error=scrub_log(report.get("harness_error", ""), workdir),
+                log_tail=scrub_log(report.get("log_tail", ""), workdir),
                 grade_seconds=round(time.monotonic() - started, 3), reward_version=REWARD_VERSION)
     return reward, components, info
 

@@ -1,11 +1,14 @@
 """The grading driver: runs first in a fresh sandbox, applies the diffs, runs pytest, reports back.
 
 Executed as `python3 -I -c <this source>` with a JSON bundle on stdin; no model code has run in the
-sandbox before it. It applies the (already filtered) agent diff, restores and applies the hidden tests,
-hashes the expected test files, then runs pytest in a child process that receives the per-run secret
-through a pipe (never argv, env or a file). It prints one line `<marker><json>` with the pytest exit
-code and the raw, authenticated results; the host verifies them. The marker is secret too, so output
-written by model code cannot pass for the driver's. Stdlib only.
+sandbox before it. It applies the (already filtered) agent diff, restores and applies the tests, then
+runs pytest in a child process with one of two plugins:
+- probe mode (the built-in suite): the tests are in probe form and hold no expected values; the
+  recorder (harness/probe.py) writes the checked values to a file, and the host compares them;
+- in-process mode (SWE-bench rows, image tasks): the HMAC plugin (harness/plugin.py) receives the
+  per-run secret through a pipe (never argv, env or a file) and authenticates pytest's own outcomes.
+It prints one line `<marker><json>` with the pytest exit code and the raw results; the host judges
+them. The marker is secret too, so output written by model code cannot pass for the driver's. Stdlib only.
 """
 
 import hashlib
@@ -38,7 +41,8 @@ def _apply(work, hdir, name, diff):
     path = os.path.join(hdir, name)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(diff)
-    result = _git(work, "apply", "--whitespace=nowarn", "--recount", path)
+    # No --recount: a patch whose hunk counts are wrong is rejected, not repaired.
+    result = _git(work, "apply", "--whitespace=nowarn", path)
     return result.returncode == 0, (result.stderr or result.stdout)[-2000:]
 
 
@@ -53,17 +57,22 @@ def _restore(work, paths):
 
 
 def _run_pytest(bundle, hdir, key_setup):
+    """pytest in a child; the HMAC plugin gets its key through a pipe, the probe recorder a results path."""
     work = bundle["workdir"]
     module = bundle["plugin_module"]
     read_fd, write_fd = os.pipe()
     os.write(write_fd, json.dumps(key_setup).encode())
     os.close(write_fd)
+    if bundle["mode"] == "probe":
+        extra = ["-p", module, "--arlctl-probe-out", key_setup["results"]]
+    else:
+        extra = ["-p", module, "--arlctl-key-fd", str(read_fd)]
     runner = (
         "import sys\n"
         f"sys.path.insert(0, {hdir!r})\n"
         "import pytest\n"
         f"sys.path.append({work!r})\n"
-        f"sys.exit(pytest.main({bundle['pytest_args']!r} + ['-p', {module!r}, '--arlctl-key-fd', '{read_fd}']))\n"
+        f"sys.exit(pytest.main({bundle['pytest_args']!r} + {extra!r}))\n"
     )
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONHASHSEED": "0"}
