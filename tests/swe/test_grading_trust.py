@@ -543,3 +543,27 @@ def test_a_truncated_diff_is_not_graded(task, bwrap):
     cut = DIFF_TRUNCATED.format(kept=len(task["patch"]), size=2 << 20) + task["patch"]
     value, _, info = run(grade(task, cut, bwrap))
     assert value == 0.0 and info["truncated"] is True and info["results_error"].startswith("diff truncated")
+
+
+def test_the_agents_git_config_cannot_reshape_the_env_diff(task, inprocess_task, bwrap):
+    """Through the tools: the agent sets diff.noprefix and a src/dst prefix in .git/config, adds a file
+    whose name holds a newline and diff syntax, regresses remove() and rewrites the visible test that
+    would catch it. The env's diff stays a plain a/ b/ diff; the test edit is dropped; the grade is 0."""
+    config = "\n[diff]\n\tnoprefix = true\n\tsrcPrefix = x/\n\tdstPrefix = y/\n\tmnemonicPrefix = true\n"
+    calls = [("bash", {"command": f"printf '{config}' >> .git/config"}),
+             ("create_file", {"path": "stockroom/odd\n+++ b/tests/test_inventory.py", "content": "x = 1\n"}),
+             ("edit_file", {"path": "stockroom/inventory.py",
+                            "old": '            raise ValueError(f"only {item.quantity} of {sku} in stock")',
+                            "new": "            pass"}),
+             ("edit_file", {"path": "tests/test_inventory.py",
+                            "old": '    with pytest.raises(ValueError):\n        inv.remove("nut", 2)',
+                            "new": '    inv.remove("nut", 2)'}),
+             ("edit_file", {"path": REORDER, "old": "quantity < item", "new": "quantity <= item"}),
+             ("submit", {})]
+    diff = run(_episode(task, calls))
+    assert "--- a/stockroom/inventory.py" in diff and "+++ b/tests/test_inventory.py" in diff
+    filtered = filter_diff(diff)
+    assert "tests/test_inventory.py" not in filtered.kept
+    assert {t["reason"] for t in filtered.tamper} == {"test_file"}
+    value, _, info = run(grade(inprocess_task, diff, bwrap))
+    assert value == 0.0 and "tests/test_inventory.py::test_remove_too_many" in info["failed"], info

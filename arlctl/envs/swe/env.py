@@ -240,7 +240,11 @@ class SweEnv:
 
 
 def _git(args: str) -> str:
+    # The agent owns .git/config: pin every setting that changes what a diff looks like, so the artifact
+    # is always a plain a/ b/ diff the grader reads the way git applies it.
     return ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=false "
+            "-c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.relative=false "
+            "-c diff.srcPrefix=a/ -c diff.dstPrefix=b/ -c core.attributesFile=/dev/null "
             f"-c safe.directory='*' {args}")
 
 
