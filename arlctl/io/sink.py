@@ -3,6 +3,10 @@
 Groups are never split across shards. A shard is committed every `flush_groups` groups or
 `flush_seconds` seconds, whichever comes first, and on close. The write itself runs in a thread so an
 event loop keeps generating while Parquet is encoded.
+
+Each group is converted and validated when it is added: a group the schema refuses raises there and
+never enters the buffer, so it cannot poison the groups written with it. A write that fails (full disk,
+an unreachable store) keeps the buffered groups for the next flush: nothing is lost.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from arlctl.io.fs import join
 from arlctl.io.shards import Lineage, shard_name, write_shard
 from arlctl.schemas.rows import TrajectoryRow, rows_to_table
+from arlctl.schemas.trajectory import validate
 
 
 class GroupShardWriter:
@@ -25,18 +32,17 @@ class GroupShardWriter:
         self.flush_seconds = flush_seconds
         self.prefix = prefix
         self.dry_run = dry_run
-        self._rows: list[TrajectoryRow] = []
-        self._groups = 0
+        self._tables: list[pa.Table] = []  # one per buffered group, each already valid
         self._last_flush = time.monotonic()
         self._lock = asyncio.Lock()
         self.written: list[str] = []
         self.rows_written = 0
 
     async def add_group(self, rows: list[TrajectoryRow]) -> None:
+        table = await asyncio.to_thread(_valid_table, rows)  # a bad group raises here, alone
         async with self._lock:
-            self._rows.extend(rows)
-            self._groups += 1
-            due = self._groups >= self.flush_groups or time.monotonic() - self._last_flush >= self.flush_seconds
+            self._tables.append(table)
+            due = len(self._tables) >= self.flush_groups or time.monotonic() - self._last_flush >= self.flush_seconds
             if due:
                 await self._flush()
 
@@ -47,13 +53,20 @@ class GroupShardWriter:
     async def _flush(self) -> None:
         """Commit the buffer as one shard; the rows leave the buffer only once the shard is written, so a
         failed write (full disk, a value Arrow refuses) loses nothing and the next flush tries again."""
-        if not self._rows:
+        if not self._tables:
             return
-        rows = self._rows
+        tables = list(self._tables)
         self._last_flush = time.monotonic()
+        table = pa.concat_tables(tables)
         if not self.dry_run:
             url, lineage = join(self.out, shard_name(self.prefix)), self.lineage()
-            written = await asyncio.to_thread(lambda: write_shard(rows_to_table(rows), url, lineage))
+            written = await asyncio.to_thread(write_shard, table, url, lineage)
             self.written.append(written)
-        self._rows, self._groups = [], 0
-        self.rows_written += len(rows)
+        del self._tables[: len(tables)]
+        self.rows_written += table.num_rows
+
+
+def _valid_table(rows: list[TrajectoryRow]) -> pa.Table:
+    table = rows_to_table(rows)
+    validate(table)
+    return table

@@ -34,3 +34,23 @@ def test_a_failed_write_keeps_the_rows_for_the_next_flush(tmp_path):
     assert writer.rows_written == 4 and len(writer.written) == 1
     table = read_shard(writer.written[0])
     assert sorted(table.column("group_id").to_pylist()) == ["a", "a", "b", "b"]
+
+
+def test_a_group_the_schema_refuses_fails_alone(tmp_path):
+    """A bad group (a bool where a token id goes) raises when it is added and is never buffered, so the
+    groups before and after it are written."""
+    out = tmp_path / "out"
+
+    async def main():
+        writer = GroupShardWriter(str(out), lambda: Lineage(stage="rollout"), flush_groups=2)
+        await writer.add_group(_group("a"))
+        bad = _group("bad")
+        bad[0].response_ids = [True]
+        with pytest.raises(Exception, match="bool|integer"):
+            await writer.add_group(bad)
+        await writer.add_group(_group("b"))
+        return writer
+
+    writer = asyncio.run(main())
+    table = read_shard(writer.written[0])
+    assert sorted(table.column("group_id").to_pylist()) == ["a", "a", "b", "b"]
