@@ -5,6 +5,8 @@ in the output's lineage. Inputs already consumed by the output directory are ski
 output name is deterministic a re-run after a crash overwrites rather than duplicates. Re-rewarding the
 same rollouts with another reward version simply targets another output directory.
 
+A row the grader could not grade (its tests could not run: a missing interpreter or pytest, a dead
+sandbox) comes back from the reward function as reward None with reward_info.error, and stays null.
 A poison row never blocks its shard: a `task` that is not a JSON object, a reward function that rejects
 the row (any error but a TransientError, which means retry later, or a UsageError, which means the
 reward's options are wrong), or a non-finite score gives that row reward = null with reward_info
@@ -78,8 +80,14 @@ def _parse_task(text: str) -> dict[str, Any] | str:
 
 
 def _checked(result: Any) -> Scored:
-    """A scorer's (reward, components, info), or a row error when any number in it is not finite."""
+    """A scorer's (reward, components, info), or a row error when any number in it is not finite.
+
+    A scorer says "this row cannot be graded" (a grader that could not run its tests: an infrastructure
+    failure, never the policy's) by returning reward None with info["error"]: the row keeps that info."""
     value, parts, info = result
+    if value is None:
+        info = dict(info) if isinstance(info, dict) else {}
+        return None, None, {**info, "error": str(info.get("error") or "the reward function returned no reward")}
     try:
         reward, components = float(value), {str(k): float(v) for k, v in parts.items()}
     except (TypeError, ValueError, AttributeError) as err:

@@ -8,6 +8,7 @@ from rich.markup import escape
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.cli.rollout import parse_env_options
+from arlctl.errors import TerminalError
 from arlctl.io.layout import resolve_io
 
 MAX_ROW_ERRORS_SHOWN = 10  # rows named on stderr per round; --json carries them all
@@ -86,3 +87,6 @@ def register(app: typer.Typer) -> None:
                       + (f"; {len(summary['row_errors'])} rows got no reward (see above)" if summary["row_errors"] else ""))
         for line in summary["corrupt"]:
             console.print(f"[yellow]quarantined[/] {escape(line)}", soft_wrap=True)
+        if summary["rows"] and not total.rewarded:  # every row failed: a broken grader, not a 0 for the policy
+            raise TerminalError(f"no row got a reward: all {summary['rows']} failed; first: {total.row_errors[0]}",
+                                hint="run `arlctl doctor`; the rows are written with reward_info.error")

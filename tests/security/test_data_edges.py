@@ -338,14 +338,25 @@ def test_bad_task_json_gives_null_reward_with_a_cause_not_an_endless_failure(tmp
 
 @pytest.mark.parametrize("score", [(NAN, {}), (1.0, {"judge": INF}), (1e39, {})], ids=["nan", "inf_part", "f32_overflow"])
 def test_a_non_finite_score_is_a_null_reward_with_a_cause(tmp_path, monkeypatch, score):
-    """A judge that answers NaN, inf, or more than float32 holds (a broken endpoint): no reward, and why."""
-    monkeypatch.setitem(registry.REWARDS, "bad-judge", (lambda final_state, task, text: (*score, {}), "bad-judge-1"))
-    plant([good_row("g", 0, 0.0)], tmp_path / "rollouts" / "part-1.parquet", Lineage("rollout"))
+    """A judge that answers NaN, inf, or more than float32 holds (a broken endpoint): no reward, and why.
+    When it answers so for every row, nothing got a reward: the command fails (exit 1), rows still written."""
+    def judge(final_state, task, text):
+        return (*score, {}) if task.get("bad", True) else (1.0, {}, {})
+
+    monkeypatch.setitem(registry.REWARDS, "bad-judge", (judge, "bad-judge-1"))
+    fine = good_row("g", 1, 0.0)
+    fine["task"] = json.dumps({"bad": False})
+    plant([good_row("g", 0, 0.0), fine], tmp_path / "rollouts" / "part-1.parquet", Lineage("rollout"))
     result = cli("reward", "--in", tmp_path / "rollouts", "--out", tmp_path / "rewarded", "--reward", "bad-judge",
                  "--json")
     assert result.exit_code == 0, result.output
-    [row] = read_shard(str(tmp_path / "rewarded" / "part-1.parquet")).to_pylist()
+    row, good = read_shard(str(tmp_path / "rewarded" / "part-1.parquet")).to_pylist()
     assert row["reward"] is None and "non-finite" in json.loads(row["reward_info"])["error"]
+    assert good["reward"] == 1.0
+    plant([good_row("h", 0, 0.0)], tmp_path / "rollouts" / "part-2.parquet", Lineage("rollout"))
+    alone = cli("reward", "--in", tmp_path / "rollouts", "--out", tmp_path / "rewarded", "--reward", "bad-judge")
+    assert alone.exit_code == 1 and "no row got a reward" in alone.output
+    assert (tmp_path / "rewarded" / "part-2.parquet").is_file()
 
 
 def test_an_unreadable_shard_does_not_hold_back_the_others(tmp_path):

@@ -204,12 +204,14 @@ def _scan_tamper(filtered: Any, snapshot: str) -> list[dict[str, str]]:
 
 
 async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory, *, timeout: float = 120.0,
-                allow_subprocess: bool = False, scan: bool = True) -> tuple[float, dict[str, float], dict[str, Any]]:
+                allow_subprocess: bool = False, scan: bool = True) -> tuple[float | None, dict[str, float], dict[str, Any]]:
     """Grade one diff against the task's hidden tests in a fresh sandbox from `sandbox_factory`.
 
     For an image task the factory is called as `factory(snapshot, image=..., workdir=..., env=...)`
     (a docker factory: `sandbox_factory("docker")`). scan=False skips the static scan (tests use it to
-    show that probe mode holds on its own)."""
+    show that probe mode holds on its own). The reward is None, with info["error"] and info["infra"], when
+    the tests could not run at all (no report from the sandbox, pytest missing or not starting, the
+    hidden tests not applying): an infrastructure failure is never a 0 for the policy."""
     started = time.monotonic()
     cut = diff_truncation(diff)
     if cut is not None:  # a cut diff is not the agent's change: not applied, scored 0 (the policy's doing)
@@ -248,7 +250,23 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
                 harness_error=scrub_log(report.get("harness_error", ""), workdir),
                 log_tail=scrub_log(report.get("log_tail", ""), workdir),
                 grade_seconds=round(time.monotonic() - started, 3), reward_version=REWARD_VERSION)
+    infra = _infra_failure(report, info, bool(lines))
+    if infra:  # the tests could not run: no verdict at all, never a 0 that enters a GRPO group
+        info.update(error=infra, infra=True)
+        return None, components, info
     return reward, components, info
+
+
+def _infra_failure(report: dict[str, Any], info: dict[str, Any], reported: bool) -> str:
+    """Why the grader could not run the tests (an infrastructure failure, not the policy's), or ''."""
+    if not reported:
+        return str(info.get("results_error") or "grading driver produced no report")
+    if report.get("infra"):
+        return str(info["harness_error"] or "the grading harness failed")
+    # The driver's own pipe says whether pytest reached configure, which is before any model code runs.
+    if report.get("apply_ok") and report.get("exit_code") is not None and report.get("started") is False:
+        return f"pytest did not start (exit {report.get('exit_code')}): {info['log_tail'][-300:]}"
+    return ""
 
 
 def bwrap_factory(**limits: Any) -> SandboxFactory:
@@ -272,13 +290,20 @@ def sandbox_factory(kind: str = "bwrap", **limits: Any) -> SandboxFactory:
 
 async def score(final_state: str | None, task: dict[str, Any], response_text: str = "", *,
                 sandbox: str | None = None, timeout: float = 120.0, insecure_sandbox: bool = False,
-                allow_subprocess: bool = False) -> tuple[float, dict[str, float], dict[str, Any]]:
+                allow_subprocess: bool = False, image: str | None = None
+                ) -> tuple[float | None, dict[str, float], dict[str, Any]]:
     """The registered `--reward swe` function: final_state is the agent's diff.
 
-    sandbox: the grading backend; by default bwrap, and docker for image tasks (which refuse others)."""
+    sandbox: the grading backend; by default bwrap, and docker for image tasks (which refuse others).
+    image: with sandbox=docker, the image snapshot tasks are graded in (one holding the interpreter and
+    packages the tests need; default the base image)."""
     kind = sandbox or ("docker" if image_of(task) else "bwrap")
     sandbox_options(task, kind)  # an image task on bwrap/subprocess: a UsageError that says so
+    if image and kind != "docker":
+        raise UsageError(f"a grading image needs sandbox=docker, not {kind}", hint="--reward-opt sandbox=docker")
     limits: dict[str, Any] = {"insecure": True} if insecure_sandbox else {}
+    if image and not image_of(task):
+        limits["image"] = image
     return await grade(task, final_state or "", sandbox_factory(kind, **limits), timeout=timeout,
                        allow_subprocess=allow_subprocess)
 

@@ -46,6 +46,16 @@ def _apply(work, hdir, name, diff):
     return result.returncode == 0, (result.stderr or result.stdout)[-2000:]
 
 
+def _pytest_missing(hdir):
+    """Why this sandbox's interpreter cannot run pytest (checked before any model code runs), or ''."""
+    probe = subprocess.run([sys.executable, "-I", "-c", "import pytest"], cwd=hdir, capture_output=True, text=True,
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    if probe.returncode == 0:
+        return ""
+    last = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+    return f"the sandbox interpreter {sys.executable} cannot import pytest: {last}"
+
+
 def _restore(work, paths):
     """Put test_patch's files back to their pristine state (tracked: HEAD's version; new: absent)."""
     for rel in paths:
@@ -57,16 +67,22 @@ def _restore(work, paths):
 
 
 def _run_pytest(bundle, hdir, key_setup):
-    """pytest in a child; the HMAC plugin gets its key through a pipe, the probe recorder a results path."""
+    """pytest in a child; the HMAC plugin gets its key through a pipe, the probe recorder a results path.
+
+    Either plugin writes "started" into a second pipe at configure time, before any test module (hence any
+    model code) is imported, and closes it: what the driver reads there later says whether pytest came up,
+    and nothing the tested code does afterwards can add it or take it back."""
     work = bundle["workdir"]
     module = bundle["plugin_module"]
     read_fd, write_fd = os.pipe()
     os.write(write_fd, json.dumps(key_setup).encode())
     os.close(write_fd)
+    started_r, started_w = os.pipe()
     if bundle["mode"] == "probe":
         extra = ["-p", module, "--arlctl-probe-out", key_setup["results"]]
     else:
         extra = ["-p", module, "--arlctl-key-fd", str(read_fd)]
+    extra += ["--arlctl-start-fd", str(started_w)]
     runner = (
         "import sys\n"
         f"sys.path.insert(0, {hdir!r})\n"
@@ -81,8 +97,9 @@ def _run_pytest(bundle, hdir, key_setup):
         # -P: the working directory is not put first on sys.path, so a planted pytest.py cannot shadow pytest.
         proc = subprocess.Popen([sys.executable, "-P", "-s", "-B", "-c", runner], cwd=work, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                pass_fds=(read_fd,), start_new_session=True)
+                                pass_fds=(read_fd, started_w), start_new_session=True)
         os.close(read_fd)
+        os.close(started_w)
         timed_out = False
         try:
             code = proc.wait(timeout=bundle["timeout"])
@@ -92,7 +109,13 @@ def _run_pytest(bundle, hdir, key_setup):
             code = proc.wait()
     with open(log_path, "rb") as handle:
         log_tail = handle.read()[-4000:].decode("utf-8", "replace")
-    return code, timed_out, log_tail
+    os.set_blocking(started_r, False)
+    try:
+        started = os.read(started_r, 64).startswith(b"started")
+    except BlockingIOError:  # nothing written, and a grandchild still holds the write end
+        started = False
+    os.close(started_r)
+    return code, timed_out, log_tail, started
 
 
 def main():
@@ -105,11 +128,14 @@ def main():
     started = time.monotonic()
     if bundle["diff"].strip():
         report["apply_ok"], report["apply_error"] = _apply(work, hdir, "agent.diff", bundle["diff"])
-    if report["apply_ok"]:
+    missing = _pytest_missing(hdir)
+    if missing:  # the grader cannot run tests here: an infrastructure failure, not the agent's
+        report.update(harness_error=missing, infra=True)
+    elif report["apply_ok"]:
         _restore(work, bundle["test_paths"])
         ok, err = _apply(work, hdir, "tests.diff", bundle["test_patch"]) if bundle["test_patch"].strip() else (True, "")
         if not ok:
-            report["harness_error"] = "test_patch does not apply: " + err
+            report.update(harness_error="test_patch does not apply: " + err, infra=True)
         else:
             with open(os.path.join(hdir, bundle["plugin_module"] + ".py"), "w", encoding="utf-8") as handle:
                 handle.write(bundle["plugin_source"])
@@ -123,8 +149,8 @@ def main():
             protected = sorted({os.path.dirname(os.path.join(work, rel)) for rel in hashes} | {hdir})
             setup = {"key": bundle["key"], "results": results, "expected_hashes": hashes,
                      "protected": protected, "allow_subprocess": bundle["allow_subprocess"]}
-            code, timed_out, log_tail = _run_pytest(bundle, hdir, setup)
-            report.update(exit_code=code, timed_out=timed_out, log_tail=log_tail)
+            code, timed_out, log_tail, started = _run_pytest(bundle, hdir, setup)
+            report.update(exit_code=code, timed_out=timed_out, log_tail=log_tail, started=started)
             if os.path.exists(results):
                 with open(results, encoding="utf-8", errors="replace") as handle:
                     report["results"] = handle.read(4_000_000)

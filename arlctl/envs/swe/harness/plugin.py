@@ -104,9 +104,14 @@ def _audit(event, args):
 
 def pytest_addoption(parser):
     parser.addoption("--arlctl-key-fd", type=int, default=-1)
+    parser.addoption("--arlctl-start-fd", type=int, default=-1)
 
 
 def pytest_configure(config):
+    start_fd = config.getoption("--arlctl-start-fd")
+    if start_fd >= 0:  # tell the driver pytest came up, before any model code is imported
+        os.write(start_fd, b"started")
+        os.close(start_fd)
     fd = config.getoption("--arlctl-key-fd")
     with os.fdopen(fd, "rb") as pipe:
         setup = json.loads(pipe.read().decode())

@@ -10,6 +10,7 @@ do is know which values would pass. Stdlib only.
 """
 
 import json
+import os
 
 _STATE = {"node": "", "out": None}
 _MAX_DEPTH = 40
@@ -104,9 +105,19 @@ class raises:  # noqa: N801  (used as `with _raises():`, like pytest.raises)
 
 def pytest_addoption(parser):
     parser.addoption("--arlctl-probe-out", default="")
+    parser.addoption("--arlctl-start-fd", type=int, default=-1)
+
+
+def _signal_started(config):
+    """Tell the driver pytest came up (before any test module is imported), through a pipe it then closes."""
+    fd = config.getoption("--arlctl-start-fd")
+    if fd >= 0:
+        os.write(fd, b"started")
+        os.close(fd)
 
 
 def pytest_configure(config):
+    _signal_started(config)
     path = config.getoption("--arlctl-probe-out")
     if path:
         _STATE["out"] = open(path, "a", encoding="utf-8")  # noqa: SIM115  (kept open for the run)

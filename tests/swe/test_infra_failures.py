@@ -1,0 +1,96 @@
+"""An infrastructure failure is never a model failure: a grader that cannot run the tests gives reward null.
+
+Real graders in real sandboxes: a docker image whose interpreter lacks pytest (built from the base image
+in the test), through `arlctl reward` on a shard of gold-patch rows: null rewards with the cause, exit 1;
+the same rows graded in the base image score 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from swe_helpers import grading_factory, run
+
+from arlctl.envs.swe.grader import grade
+from arlctl.envs.swe.tasks import load_suite_task
+from arlctl.io.shards import Lineage, read_shard, write_shard
+from arlctl.schemas.rows import TrajectoryRow, rows_to_table
+
+NO_PYTEST_IMAGE = "arlctl/test-nopytest:1"
+
+
+@pytest.fixture(scope="module")
+def no_pytest_image(tmp_path_factory):
+    grading_factory("docker")  # skips without an engine and its base image
+    from arlctl.sandbox.docker import DEFAULT_IMAGE
+
+    context = tmp_path_factory.mktemp("nopytest")
+    (context / "Dockerfile").write_text(
+        f"FROM {DEFAULT_IMAGE}\nUSER root\n"
+        "RUN rm -rf /usr/lib/python3/dist-packages/pytest /usr/lib/python3/dist-packages/_pytest\n")
+    built = subprocess.run(["docker", "build", "-q", "-t", NO_PYTEST_IMAGE, str(context)], capture_output=True,
+                           text=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    assert built.returncode == 0, built.stderr
+    yield NO_PYTEST_IMAGE
+    subprocess.run(["docker", "image", "rm", "-f", NO_PYTEST_IMAGE], capture_output=True)
+
+
+def _gold_rows(task, n: int) -> list[TrajectoryRow]:
+    return [TrajectoryRow(group_id="g", sample_index=i, task_id=task["task_id"], env="swe", env_version="swe-1",
+                          task=task, policy="oracle", prompt_text="fix it", prompt_ids=[1, 2], response_ids=[3],
+                          response_mask=[1], response_logprobs=[-0.1], final_state=task["patch"], finish_reason="submit")
+            for i in range(n)]
+
+
+def _reward(run_dir, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "arlctl.cli.main", "reward", "--run", str(run_dir), "--reward", "swe",
+                           "--reward-opt", "sandbox=docker", *options, "--json"], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.docker
+def test_a_grader_without_pytest_gives_null_rewards_and_exit_1(tmp_path, no_pytest_image):
+    task = load_suite_task("stockroom-001")
+    run_dir = tmp_path / "run"
+    write_shard(rows_to_table(_gold_rows(task, 2)), str(run_dir / "rollouts" / "part-a.parquet"), Lineage("rollout"))
+
+    broken = _reward(run_dir, "--reward-opt", f"image={no_pytest_image}")
+    assert broken.returncode == 1, broken.stderr
+    assert "no row got a reward" in broken.stderr and "cannot import pytest" in broken.stderr
+    table = read_shard(str(run_dir / "rewarded" / "part-a.parquet"))
+    assert table.column("reward").to_pylist() == [None, None]  # never a 0 inside the group
+    for info in map(json.loads, table.column("reward_info").to_pylist()):
+        assert info["infra"] is True and "cannot import pytest" in info["error"]
+
+    healthy = tmp_path / "healthy"
+    write_shard(rows_to_table(_gold_rows(task, 1)), str(healthy / "rollouts" / "part-a.parquet"), Lineage("rollout"))
+    fine = _reward(healthy)
+    assert fine.returncode == 0, fine.stderr
+    assert read_shard(str(healthy / "rewarded" / "part-a.parquet")).column("reward").to_pylist() == [1.0]
+
+
+@pytest.mark.docker
+def test_grade_reports_the_missing_pytest_before_running_anything(no_pytest_image):
+    from arlctl.envs.swe.grader import sandbox_factory
+
+    task = load_suite_task("stockroom-001")
+    value, _, info = run(grade(task, task["patch"], sandbox_factory("docker", image=no_pytest_image)))
+    assert value is None and info["infra"] is True and info["exit_code"] is None
+    assert "cannot import pytest" in info["error"]
+
+
+def test_a_diff_that_does_not_apply_is_the_policys_zero_not_null(bwrap_grader):
+    """The other side of the line: a broken diff is the policy's failure, so it scores 0."""
+    task = load_suite_task("stockroom-001")
+    broken = task["patch"].replace("-    return item.quantity < item.reorder_at", "-    return something else")
+    value, _, info = run(grade(task, broken, bwrap_grader))
+    assert value == 0.0 and info.get("infra") is None and info["apply_ok"] is False
+
+
+@pytest.fixture(scope="module")
+def bwrap_grader():
+    return grading_factory("bwrap")
