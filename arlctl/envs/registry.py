@@ -1,10 +1,19 @@
 """Registries of environments and reward functions, by name: `--env math`, `--reward math`.
 
-Each entry is registered by the module that defines it. Names in PROVIDERS are imported on first use,
-so `make_env("swe")` works without this module importing the swe code (and its sandbox dependencies)
-when only math is wanted. A reward function has the shape
+A name resolves in this order:
+1. built in: registered by the module that defines it. Names in PROVIDERS are imported on first use, so
+   `make_env("swe")` works without this module importing the swe code (and its sandbox dependencies)
+   when only math is wanted;
+2. a `module:attribute` spec (any name with a ':'), imported as is: `--env mypkg.env:make`;
+3. a Python entry point in the group `arlctl.envs` / `arlctl.rewards`, loaded on first use. A plugin
+   name that collides with a built-in one never replaces it (built-in wins; `arlctl envs` says so).
+Every failure to load out-of-tree code is a UsageError naming the spec or the distribution.
+
+An env factory is any callable returning an object with async reset/step/close (arlctl.envs.base.Env).
+A reward function has the shape
     score(final_state, task, response_text) -> (reward, components, info)
-and a version string that the reward stage writes into `reward_version`.
+and a version string that the reward stage writes into `reward_version`. A plugin reward's version is
+the `version` / `VERSION` attribute of the function or else its module, else "<module>:<attribute>".
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from importlib import metadata
 from typing import Any
 
 from arlctl.envs.base import Env
@@ -21,6 +31,9 @@ from arlctl.errors import UsageError
 
 EnvFactory = Callable[..., Env]
 ScoreFn = Callable[..., tuple[float, dict[str, float], dict[str, Any]]]
+ENV_GROUP = "arlctl.envs"
+REWARD_GROUP = "arlctl.rewards"
+ENV_METHODS = ("reset", "step", "close")  # what the agent loop calls on every env
 
 
 @dataclass(frozen=True)
@@ -30,10 +43,22 @@ class Reward:
     score: ScoreFn
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a registered name comes from, as `arlctl envs` shows it."""
+
+    kind: str  # "builtin", "entry-point" or "spec"
+    module: str  # the Python module (builtin), or "module:attr" (entry point, spec)
+    distribution: str | None = None  # entry points: the installed distribution that declares it
+    distribution_version: str | None = None
+
+
 ENVS: dict[str, EnvFactory] = {}
 REWARDS: dict[str, tuple[ScoreFn, str]] = {}  # name -> (score function, base version)
+SOURCES: dict[tuple[str, str], Source] = {}  # (what, name) -> source of plugins loaded in this process
 # Modules that register an env, its reward and its builtin task source when imported (on first use).
 PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy"}
+_PLUGIN_TABLES = {"env": (ENVS, ENV_GROUP), "reward": (REWARDS, REWARD_GROUP)}
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -53,30 +78,146 @@ def import_provider(name: str, table: dict[str, Any], what: str) -> None:
             raise UsageError(f"{what} {name!r} is not available: {exc}") from None
 
 
+def is_spec(name: str) -> bool:
+    return ":" in name
+
+
+def builtin_names(what: str) -> set[str]:
+    """Names built into arlctl, whether or not their module is imported yet."""
+    table, _ = _PLUGIN_TABLES[what]
+    return {name for name in set(table) | set(PROVIDERS) if (what, name) not in SOURCES}
+
+
 def _ensure(name: str, table: dict[str, Any], what: str) -> None:
     import_provider(name, table, what)
-    if name not in table:
-        known = sorted(set(table) | set(PROVIDERS))
-        raise UsageError(f"unknown {what} {name!r}", hint=f"known: {', '.join(known)}")
+    if name in table:
+        return
+    if is_spec(name):
+        _load_plugin(name, load_spec(name, what), Source("spec", name), what)
+        return
+    points = entry_points(_PLUGIN_TABLES[what][1]).get(name, [])
+    if not points:
+        known = sorted(builtin_names(what) | set(entry_points(_PLUGIN_TABLES[what][1])))
+        raise UsageError(f"unknown {what} {name!r}", hint=f"known: {', '.join(known)}, or a module:attribute spec")
+    if len(points) > 1:  # two plugins claim one name: refuse rather than pick one silently
+        owners = ", ".join(f"{dist} {version} ({point.value})" for point, dist, version in points)
+        raise UsageError(f"{what} {name!r} is registered by several plugins: {owners}",
+                         hint="pass the one you mean as a module:attribute spec")
+    point, dist, version = points[0]
+    _load_plugin(name, _load_entry_point(point, dist, version, what), Source("entry-point", point.value, dist, version),
+                 what)
+
+
+def _load_plugin(name: str, obj: Any, source: Source, what: str) -> None:
+    if what == "env":
+        register_env(name, obj)
+    else:
+        register_reward(name, obj, plugin_reward_version(obj, source.module))
+    SOURCES[(what, name)] = source
+
+
+def load_spec(spec: str, what: str) -> Callable[..., Any]:
+    """The callable a `package.module:attribute` spec names (the attribute may be dotted)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"{what} spec {spec!r} must look like package.module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"{what} {spec!r}: no module named {exc.name!r}",
+                         hint="install the package into this environment or fix the spec") from None
+    except Exception as exc:  # the plugin's own import-time code failed: its error, one line
+        raise UsageError(f"{what} {spec!r}: importing {module_name} failed: {_one_line(exc)}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{what} {spec!r}: module {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{what} {spec!r} is a {type(obj).__name__}, not callable",
+                         hint="an env spec names a factory (a class or function); a reward spec a score function")
+    return obj
+
+
+def entry_points(group: str) -> dict[str, list[tuple[metadata.EntryPoint, str, str]]]:
+    """Installed plugins of one group: name -> [(entry point, distribution, version)], not loaded."""
+    found: dict[str, list[tuple[metadata.EntryPoint, str, str]]] = {}
+    for point in metadata.entry_points(group=group):
+        dist = point.dist.metadata["Name"] if point.dist is not None else "?"
+        version = point.dist.version if point.dist is not None else "?"
+        claims = found.setdefault(point.name, [])
+        if all((p.value, d) != (point.value, dist) for p, d, _ in claims):  # one dist seen twice on sys.path
+            claims.append((point, dist, version))
+    return {name: sorted(claims, key=lambda claim: claim[1]) for name, claims in found.items()}  # stable messages
+
+
+def _load_entry_point(point: metadata.EntryPoint, dist: str, version: str, what: str) -> Callable[..., Any]:
+    try:
+        obj = point.load()
+    except Exception as exc:  # a broken plugin is the plugin's fault: name it, never a traceback
+        raise UsageError(f"{what} {point.name!r} from plugin {dist} {version} ({point.value}) failed to load: "
+                         f"{_one_line(exc)}", hint=f"fix or reinstall {dist}, or `pip uninstall {dist}`") from None
+    if not callable(obj):
+        raise UsageError(f"{what} {point.name!r} from plugin {dist} {version} ({point.value}) is a "
+                         f"{type(obj).__name__}, not callable")
+    return obj
+
+
+def plugin_reward_version(score: Any, spec: str) -> str:
+    """`version`/`VERSION` of the function, else of its module, else the spec itself."""
+    module = inspect.getmodule(score)
+    for owner in (score, module):
+        for attr in ("version", "VERSION"):
+            value = getattr(owner, attr, None)
+            # Only plain values: a module that did `from importlib.metadata import version` has a function there.
+            if _plain_version(value):
+                return str(value)
+    return spec
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def make_env(name: str, **options: Any) -> Env:
     """A fresh environment instance; options go to its constructor (e.g. on_no_action="end")."""
     _ensure(name, ENVS, "env")
     try:
-        return ENVS[name](**options)
+        env = ENVS[name](**options)
     except TypeError as exc:
         raise UsageError(f"bad option for env {name!r}: {exc}") from None
+    missing = [method for method in ENV_METHODS if not callable(getattr(env, method, None))]
+    if missing:  # e.g. a spec naming the wrong function: say so now, not as an AttributeError per row
+        raise UsageError(f"env {name!r} made a {type(env).__name__} without {', '.join(missing)}",
+                         hint="an env factory returns an object with async reset, step and close (README)")
+    return env
+
+
+def resolve_env(name: str) -> EnvFactory:
+    """The factory a name resolves to, loading plugins; a UsageError for an unknown or broken name."""
+    _ensure(name, ENVS, "env")
+    return ENVS[name]
 
 
 def get_reward(name: str, **options: Any) -> Reward:
     """The named reward function with options bound (e.g. format_weight=0.1 for math)."""
     _ensure(name, REWARDS, "reward")
     score, version = REWARDS[name]
-    try:  # fail now, with the option's name, rather than on the first row
-        inspect.signature(score).bind(None, {}, "", **options)
-    except TypeError as exc:
-        raise UsageError(f"bad option for reward {name!r}: {exc}") from None
+    try:  # fail now, with the cause, rather than on the first row
+        signature = inspect.signature(score)
+    except ValueError:  # no signature to check (a C function): the first row will tell
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(None, {}, "")
+        except TypeError as exc:
+            raise UsageError(f"reward {name!r} cannot be called as score(final_state, task, response_text): {exc}",
+                             hint="--reward names a score function (README: the reward protocol)") from None
+        try:
+            signature.bind(None, {}, "", **options)
+        except TypeError as exc:
+            raise UsageError(f"bad option for reward {name!r}: {exc}") from None
     if options:
         version += "+" + ",".join(f"{key}={options[key]}" for key in sorted(options))
         score = partial(score, **options)
@@ -89,6 +230,45 @@ def get_reward_fn(name: str, **options: Any) -> ScoreFn:
 
 def list_envs() -> list[str]:
     return sorted(set(ENVS) | set(PROVIDERS))
+
+
+def catalog(what: str) -> list[dict[str, Any]]:
+    """Every name `--env` (what="env") or `--reward` ("reward") accepts, with where it comes from.
+
+    Built-in providers are imported (to show their module); plugins are listed from their metadata and
+    not loaded, so one broken plugin cannot hide the others.
+    """
+    table, group = _PLUGIN_TABLES[what]
+    entries: list[dict[str, Any]] = []
+    for name in sorted(builtin_names(what)):
+        entry: dict[str, Any] = {"name": name, "source": "builtin"}
+        try:
+            import_provider(name, table, what)
+        except UsageError as exc:
+            entry.update(module=PROVIDERS[name], error=str(exc))
+        if name in table:
+            obj = table[name][0] if what == "reward" else table[name]
+            entry["module"] = obj.__module__
+            entry["version"] = table[name][1] if what == "reward" else _plain_version(getattr(obj, "version", None))
+        entries.append(entry)
+    builtins = builtin_names(what)
+    for name, claims in sorted(entry_points(group).items()):
+        for point, dist, version in claims:
+            entry = {"name": name, "source": "entry-point", "module": point.value, "distribution": dist,
+                     "distribution_version": version}
+            if name in builtins:
+                entry["note"] = "shadowed: the built-in of the same name wins"
+            elif len(claims) > 1:
+                entry["note"] = "ambiguous: several plugins claim this name; use a module:attribute spec"
+            entries.append(entry)
+    for (kind, name), source in sorted(SOURCES.items()):
+        if kind == what and source.kind == "spec":  # specs loaded in this process
+            entries.append({"name": name, "source": "spec", "module": source.module})
+    return entries
+
+
+def _plain_version(value: Any) -> str | None:
+    return str(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else None
 
 
 def _register_builtin() -> None:

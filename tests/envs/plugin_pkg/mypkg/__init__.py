@@ -1,0 +1,1 @@
+"""An arlctl plugin used by the tests: the `reverse` environment and its reward."""
