@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from arlctl.envs.base import Action, Env, StepResult
+from arlctl.envs.base import Action, Env, EnvFailure, StepResult
 from arlctl.inference.base import Generation, Policy, SamplingParams
 from arlctl.inference.chat import ChatCodec
 from arlctl.schemas.rows import TrajectoryRow, Turn
@@ -56,6 +56,7 @@ class RolloutConfig:
     retries: int = 3
     retry_backoff: float = 0.5
     tool_format: str = "hermes"
+    max_top_up: int = 0  # per group: members that end env_error (infrastructure) are resampled this often
 
     def sampling(self, max_new_tokens: int, seed: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens,
@@ -77,6 +78,7 @@ class Stats:
     env_time_s: float = 0.0
     errors: int = 0
     last_error: str | None = None
+    top_ups: int = 0  # env_error members resampled (same task, new seed) to keep groups at G
     groups_started: int = 0
     epoch: int = 0  # the epoch whose tasks are being issued
     epochs_done: int = 0  # epochs whose every group has been started
@@ -93,10 +95,10 @@ class _Trajectory:
     """The growing state of one trajectory; whatever it holds becomes a row, even when aborted."""
 
     def __init__(self, task: dict[str, Any], group_id: str, sample_index: int, env_name: str, policy: Policy,
-                 epoch: int = 0):
+                 epoch: int = 0, attempt: int = 0):
         # The env, the prompt and the `task` column all see the same Parquet-safe copy of the task.
         self.task = parquet_safe_value(task)
-        self.epoch = epoch
+        self.epoch, self.attempt = epoch, attempt
         self.row = TrajectoryRow(
             group_id=group_id, sample_index=sample_index, task_id=str(self.task.get("task_id", "")),
             env=env_name, env_version="", task=self.task, policy=policy.name, prompt_text="", prompt_ids=[],
@@ -234,9 +236,12 @@ def _seed_for(base: int | None, *parts: Any) -> int | None:
 def _turn_seed(base: int | None, traj: _Trajectory, turn_index: int) -> int | None:
     """Deterministic per (task, sample, turn); epochs after the first mix in their number so they differ."""
     row = traj.row
-    if traj.epoch == 0:
+    if traj.epoch == 0 and traj.attempt == 0:
         return _seed_for(base, row.task_id, row.sample_index, turn_index)
-    return _seed_for(base, "epoch", traj.epoch, row.task_id, row.sample_index, turn_index)
+    if traj.attempt == 0:
+        return _seed_for(base, "epoch", traj.epoch, row.task_id, row.sample_index, turn_index)
+    # a top-up: the same task and sample, a new seed
+    return _seed_for(base, "attempt", traj.attempt, traj.epoch, row.task_id, row.sample_index, turn_index)
 
 
 def _truncate_observation(codec: ChatCodec, content: str, max_tokens: int) -> str:
@@ -289,6 +294,8 @@ async def _step(env: Env, action: Action, cfg: RolloutConfig) -> tuple[StepResul
     names = [c.name for c in action.tool_calls] or ["environment"]
     try:
         return await asyncio.wait_for(env.step(action), cfg.step_timeout), None
+    except EnvFailure:
+        raise  # the environment broke: the trajectory ends as env_error, not as the model's mistake
     except TimeoutError:
         message = f"error: timeout: the tool did not finish within {cfg.step_timeout:g}s"
     except asyncio.CancelledError:
@@ -402,6 +409,18 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
     """The G samples of one task; a group is always returned whole (aborted members included)."""
     group_id = str(uuid.uuid4())
     trajs = [_Trajectory(task, group_id, i, cfg.env, policy, epoch) for i in range(cfg.group_size)]
+    top_ups_left = [cfg.max_top_up]
+
+    async def member(index: int) -> TrajectoryRow:
+        """One sample; while it ends env_error (an infrastructure failure) and the group's top-up budget
+        lasts, it is run again from scratch with a new seed, so the group stays at G usable rows."""
+        row = await one(trajs[index])
+        while row.status == "env_error" and top_ups_left[0] > 0:
+            top_ups_left[0] -= 1
+            stats.top_ups += 1
+            trajs[index] = _Trajectory(task, group_id, index, cfg.env, policy, epoch, trajs[index].attempt + 1)
+            row = await one(trajs[index])
+        return row
 
     async def one(traj: _Trajectory) -> TrajectoryRow:
         async with slots:
@@ -426,7 +445,7 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
                     except Exception:
                         pass
 
-    tasks = [asyncio.ensure_future(one(t)) for t in trajs]
+    tasks = [asyncio.ensure_future(member(i)) for i in range(len(trajs))]
     try:
         rows = await asyncio.gather(*tasks)
     except asyncio.CancelledError:
@@ -447,6 +466,11 @@ async def _final_state_after_bound(row: TrajectoryRow, env: Env, cfg: RolloutCon
         row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)  # type: ignore[attr-defined]
     except Exception as err:
         stats.last_error = f"final_state failed: {type(err).__name__}: {err}"
+        if isinstance(err, EnvFailure):  # no artifact to grade because the env broke: not the model's 0
+            stats.errors += 1
+            row.status, row.finish_reason, row.env_errors = "env_error", "error", row.env_errors + 1
+            if row.turns:
+                row.turns[-1].error = row.turns[-1].error or parquet_safe(stats.last_error)
         return
     cut = _artifact_cut(env)
     if cut:

@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(1.0, "--temperature"),
         top_p: float = typer.Option(1.0, "--top-p"),
         seed: int = typer.Option(None, "--seed", help="Sampling seed (per trajectory and turn)."),
+        top_up: bool = typer.Option(False, "--top-up", help="Resample a member that ends env_error (a dead "
+                                    "sandbox: infrastructure, not the model) with a new seed, so groups stay at G."),
+        max_top_up: int = typer.Option(2, "--max-top-up", help="--top-up: resamples allowed per group."),
         max_batch: int = typer.Option(32, "--max-batch", help="Sequences per forward pass (hf backend)."),
         flush_groups: int = typer.Option(16, "--flush-groups", help="Write a shard every N groups."),
         flush_seconds: float = typer.Option(60.0, "--flush-seconds", help="... or every T seconds."),
@@ -111,12 +114,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     ) -> None:
-        from arlctl.envs.registry import make_env
+        from arlctl.envs.registry import make_env, resolve_env
         from arlctl.envs.tasks import load_tasks
         from arlctl.io.partition import owns, parse_worker
         from arlctl.stages.rollout import RolloutConfig
 
         check_sampling_options(temperature, top_p, max_new_tokens, seed)
+        resolve_env(env)  # an unknown or broken --env (a plugin spec too) is a usage error before any work
+        if max_top_up < 0:
+            raise UsageError(f"--max-top-up must be >= 0, got {max_top_up}")
         task_list = load_tasks(tasks or f"builtin:{env}", env=env)
         if limit is not None:
             task_list = task_list[:limit]
@@ -137,7 +143,8 @@ def register(app: typer.Typer) -> None:
         cfg = RolloutConfig(env=env, group_size=group_size, concurrency=concurrency, max_turns=max_turns,
                             max_tokens=max_tokens, max_new_tokens=max_new_tokens, step_timeout=step_timeout,
                             trajectory_timeout=trajectory_timeout, max_obs_tokens=max_obs_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed)
+                            temperature=temperature, top_p=top_p, seed=seed,
+                            max_top_up=max_top_up if top_up else 0)
         from arlctl.inference.loader import load_policy
         from arlctl.io.lock import RunLock
 
@@ -369,6 +376,7 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
         "shards_written": len(writer.written), "shards": writer.written, "rows_written": writer.rows_written,
         "generated_tokens": stats.generated_tokens, "generated_tokens_per_s": stats.generated_tokens / max(elapsed, 1e-9),
         "mean_env_latency_s": stats.mean_env_latency_s(), "env_calls": stats.env_calls, "errors": stats.errors,
+        "top_ups": stats.top_ups,
         "seconds": elapsed, "interrupted": stop.is_set(), "backend_metrics": backend_metrics,
         "epochs": stats.epochs_done, "policy_version": pol.version,
         "last_error": _safe_text(stats.last_error or (follower.last_error if follower else None)),

@@ -6,6 +6,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
+class EnvFailure(Exception):
+    """The environment itself broke: its sandbox died, stopped answering, or lost its exec server.
+
+    An infrastructure failure, never the policy's: the rollout ends the trajectory as `env_error` (which
+    filter drops) instead of showing the model an error observation and grading what is left."""
+
+
 @dataclass
 class ToolCall:
     name: str

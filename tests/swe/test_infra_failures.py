@@ -94,3 +94,106 @@ def test_a_diff_that_does_not_apply_is_the_policys_zero_not_null(bwrap_grader):
 @pytest.fixture(scope="module")
 def bwrap_grader():
     return grading_factory("bwrap")
+
+
+class _KilledMidEpisode:
+    """A real SweEnv whose sandbox processes are SIGKILLed from outside before its second step."""
+
+    def __init__(self):
+        from arlctl.envs.swe.env import SweEnv
+
+        self.inner, self.steps = SweEnv(sandboxes=1), 0
+        self.name, self.version = "swe", self.inner.version if hasattr(self.inner, "version") else "swe-1"
+
+    async def reset(self, task):
+        return await self.inner.reset(task)
+
+    async def step(self, action):
+        import signal
+
+        self.steps += 1
+        if self.steps == 2:
+            os.kill(self.inner.sandbox._proc.pid, signal.SIGKILL)  # bwrap, and with it everything inside
+            await self.inner.sandbox._proc.wait()
+        return await self.inner.step(action)
+
+    async def final_state(self):
+        return await self.inner.final_state()
+
+    async def close(self):
+        await self.inner.close()
+
+
+def test_a_sandbox_killed_mid_episode_is_env_error_and_filter_drops_it(tokenizer, bwrap_grader):
+    """Not a tool error shown to the model, not a graded empty diff: the row is env_error, then dropped."""
+    from arlctl.envs.swe.sandboxes import close_shared
+    from arlctl.inference.oracle import OraclePolicy
+    from arlctl.stages.filter import FilterConfig, apply_rules
+    from arlctl.stages.rollout import RolloutConfig, rollout
+
+    tasks = [load_suite_task("stockroom-001")]
+    cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256)
+    rows: list = []
+
+    async def sink(group):
+        rows.extend(group)
+
+    async def go():
+        try:
+            return await rollout(tasks, OraclePolicy(tokenizer), _KilledMidEpisode, cfg, sink)
+        finally:
+            await close_shared()
+
+    stats = run(go())
+    [row] = rows
+    assert (row.status, row.finish_reason) == ("env_error", "error"), (row.status, row.turns[-1].error)
+    assert "sandbox" in (row.turns[-1].error or "") and stats.errors >= 1
+    assert len(row.turns) == 2  # it ended at the broken step; no error observation went back to the model
+    row.reward = 0.0  # even a reward on it would not let it through
+    result = apply_rules(rows_to_table(rows), FilterConfig(), 0)
+    assert result.keep.tolist() == [False] and result.counts["completeness"] == 1
+
+
+class _KilledOnce(_KilledMidEpisode):
+    """Only the first env of the run has its sandbox killed; the resampled member gets a healthy one."""
+
+    made = 0
+
+    def __init__(self):
+        super().__init__()
+        type(self).made += 1
+        if type(self).made > 1:
+            self.steps = -10**6  # never reaches the kill
+
+
+def test_top_up_resamples_the_env_error_member_so_the_group_stays_whole(tokenizer, bwrap_grader):
+    from arlctl.envs.swe.sandboxes import close_shared
+    from arlctl.inference.oracle import OraclePolicy
+    from arlctl.stages.rollout import RolloutConfig, rollout
+
+    task = load_suite_task("stockroom-001")
+    cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256, max_top_up=1)
+    rows: list = []
+
+    async def sink(group):
+        rows.extend(group)
+
+    async def go():
+        try:
+            return await rollout([task], OraclePolicy(tokenizer), _KilledOnce, cfg, sink)
+        finally:
+            await close_shared()
+
+    _KilledOnce.made = 0
+    stats = run(go())
+    [row] = rows  # one member: the failed attempt was replaced, not added
+    assert (row.status, row.sample_index, stats.top_ups) == ("ok", 0, 1)
+    value, _, info = run(grade(task, row.final_state, bwrap_grader))
+    assert value == 1.0, info
+
+
+def test_max_top_up_must_not_be_negative(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "arlctl.cli.main", "rollout", "--env", "math", "--tasks",
+                             "builtin:math?n=1", "--policy", "tiny", "--out", str(tmp_path / "out"), "--top-up",
+                             "--max-top-up", "-1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "--max-top-up must be >= 0" in result.stderr

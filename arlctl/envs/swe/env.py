@@ -23,11 +23,12 @@ import secrets
 import shlex
 from typing import Any
 
-from arlctl.envs.base import Action, EnvReset, StepResult, ToolCall
+from arlctl.envs.base import Action, EnvFailure, EnvReset, StepResult, ToolCall
 from arlctl.envs.swe.sandboxes import Lease, Provider, shared_provider
 from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot, sandbox_options
 from arlctl.envs.swe.tools import HANDLERS
 from arlctl.errors import TerminalError, UsageError
+from arlctl.sandbox.base import SandboxError
 from arlctl.tools.bash_blocks import parse_bash_blocks
 from arlctl.tools.hermes import parse_hermes
 from arlctl.tools.render import format_parse_error, format_tool_result
@@ -184,8 +185,11 @@ class SweEnv:
                   f"{_git('diff --cached --no-color --no-ext-diff --no-textconv ' + base)} > {out} && "
                   f'echo "arlctl-diff-bytes: $(wc -c < {out})" >&2 && head -c {int(self.max_diff_bytes)} {out}; '
                   f"status=$?; rm -f {out}; exit $status")
-        result = await self.sandbox.exec(script, timeout=self.command_timeout)
-        if result.exit_code != 0:
+        try:
+            result = await self.sandbox.exec(script, timeout=self.command_timeout)
+        except SandboxError as err:
+            raise EnvFailure(f"sandbox failed while taking the diff: {err}") from err
+        if result.exit_code != 0:  # the agent broke its own repository (say, removed .git): an empty diff
             return ""
         return self._flag_cut(result.stdout, result.stderr)
 
@@ -222,6 +226,8 @@ class SweEnv:
             return f"error: unknown tool {call.name!r}; available: {', '.join(HANDLERS)}, submit"
         try:
             return await handler(self, call.arguments)
+        except SandboxError as err:  # the sandbox broke, not the tool call: no observation, an env_error row
+            raise EnvFailure(f"sandbox failed during {call.name}: {err}") from err
         except Exception as err:  # a tool failure is something the model should see, not a crash
             return f"error: {call.name} failed: {type(err).__name__}: {err}"
 
