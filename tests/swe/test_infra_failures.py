@@ -124,15 +124,13 @@ class _KilledMidEpisode:
         await self.inner.close()
 
 
-def test_a_sandbox_killed_mid_episode_is_env_error_and_filter_drops_it(tokenizer, bwrap_grader):
-    """Not a tool error shown to the model, not a graded empty diff: the row is env_error, then dropped."""
+def _oracle_rollout(tokenizer, env_factory, **options):
+    """The real rollout stage on stockroom-001 with the oracle policy (its gold fix, as tool calls)."""
     from arlctl.envs.swe.sandboxes import close_shared
     from arlctl.inference.oracle import OraclePolicy
-    from arlctl.stages.filter import FilterConfig, apply_rules
     from arlctl.stages.rollout import RolloutConfig, rollout
 
-    tasks = [load_suite_task("stockroom-001")]
-    cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256)
+    cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256, **options)
     rows: list = []
 
     async def sink(group):
@@ -140,11 +138,18 @@ def test_a_sandbox_killed_mid_episode_is_env_error_and_filter_drops_it(tokenizer
 
     async def go():
         try:
-            return await rollout(tasks, OraclePolicy(tokenizer), _KilledMidEpisode, cfg, sink)
+            return await rollout([load_suite_task("stockroom-001")], OraclePolicy(tokenizer), env_factory, cfg, sink)
         finally:
             await close_shared()
 
-    stats = run(go())
+    return run(go()), rows
+
+
+def test_a_sandbox_killed_mid_episode_is_env_error_and_filter_drops_it(tokenizer, bwrap_grader):
+    """Not a tool error shown to the model, not a graded empty diff: the row is env_error, then dropped."""
+    from arlctl.stages.filter import FilterConfig, apply_rules
+
+    stats, rows = _oracle_rollout(tokenizer, _KilledMidEpisode)
     [row] = rows
     assert (row.status, row.finish_reason) == ("env_error", "error"), (row.status, row.turns[-1].error)
     assert "sandbox" in (row.turns[-1].error or "") and stats.errors >= 1
@@ -167,26 +172,10 @@ class _KilledOnce(_KilledMidEpisode):
 
 
 def test_top_up_resamples_the_env_error_member_so_the_group_stays_whole(tokenizer, bwrap_grader):
-    from arlctl.envs.swe.sandboxes import close_shared
-    from arlctl.inference.oracle import OraclePolicy
-    from arlctl.stages.rollout import RolloutConfig, rollout
-
-    task = load_suite_task("stockroom-001")
-    cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256, max_top_up=1)
-    rows: list = []
-
-    async def sink(group):
-        rows.extend(group)
-
-    async def go():
-        try:
-            return await rollout([task], OraclePolicy(tokenizer), _KilledOnce, cfg, sink)
-        finally:
-            await close_shared()
-
     _KilledOnce.made = 0
-    stats = run(go())
-    [row] = rows  # one member: the failed attempt was replaced, not added
+    stats, rows = _oracle_rollout(tokenizer, _KilledOnce, max_top_up=1)
+    [row] = rows
+    task = load_suite_task("stockroom-001")  # one member: the failed attempt was replaced, not added
     assert (row.status, row.sample_index, stats.top_ups) == ("ok", 0, 1)
     value, _, info = run(grade(task, row.final_state, bwrap_grader))
     assert value == 1.0, info
