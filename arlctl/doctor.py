@@ -319,3 +319,22 @@ def _first_line(text: str) -> str:
 
 
 __all__ = ["CHECKS", "CheckResult", "DoctorOptions", "failed", "preflight", "run_checks", "sandbox_python"]
+
+
+def stage_checks(env: str | None = None, sandbox: str | None = None, backend: str | None = None,
+                 grading: bool = False) -> list[str]:
+    """The doctor checks a stage needs before it starts work (`arlctl rollout` / `arlctl reward`).
+
+    A swe rollout needs its sandbox backend; grading needs the sandbox interpreter to import pytest
+    too (else every row would fail); the vllm backend needs vLLM. Nothing else is worth a start delay."""
+    names: list[str] = []
+    if env == "swe":
+        kind = sandbox or "bwrap"
+        if kind == "bwrap":
+            names += ["bwrap", "pytest"] if grading else ["bwrap"]
+        elif kind == "docker":
+            names += ["docker", "docker-image"]
+    if backend == "vllm":
+        names.append("vllm")
+    return names
+

@@ -53,7 +53,14 @@ def register(app: typer.Typer) -> None:
 
         in_, out = resolve_io("reward", run, in_, out)
         shard = parse_worker(worker)
-        fn = get_reward(reward, **parse_env_options(reward_opt))
+        reward_options = parse_env_options(reward_opt)
+        fn = get_reward(reward, **reward_options)
+        if reward == "swe" and not dry_run:  # the grader's sandbox must run pytest, or every row fails
+            from arlctl.doctor import DoctorOptions, preflight, stage_checks
+
+            kind = str(reward_options.get("sandbox") or "bwrap")
+            preflight(stage_checks("swe", kind, grading=True),
+                      DoctorOptions(sandbox=kind, image=reward_options.get("image")))
         mode = "quarantine" if quarantine else "raise"
         total = RewardSummary()
 

@@ -138,6 +138,11 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             _dry_run(task_list, env, options, policy)
             return
+        from arlctl.doctor import DoctorOptions, preflight, stage_checks
+
+        checks = stage_checks(env, options.get("sandbox"), backend)
+        if checks:  # a missing sandbox backend or vLLM is one usage error with its fix, before any work
+            preflight(checks, DoctorOptions(sandbox=options.get("sandbox") or "bwrap", backend=backend))
         _, out = resolve_io("rollout", run, None, out)
         daemon = _daemon_options(watch, max_epochs, poll, max_pending, max_staleness, group_size, policy, run, out)
         cfg = RolloutConfig(env=env, group_size=group_size, concurrency=concurrency, max_turns=max_turns,

@@ -183,3 +183,19 @@ def test_unknown_names_are_usage_errors():
     assert doctor("--sandbox", "chroot").exit_code == 2
     with pytest.raises(UsageError):
         preflight(["bogus"])
+
+
+@pytest.mark.parametrize("command", ["rollout", "reward"])
+def test_stages_run_the_checks_before_any_work(tmp_path, command):
+    """A swe rollout or grading on docker with no engine: one usage error naming the check and its fix,
+    before any shard is read or written (the stages run the doctor's own checks)."""
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path / 'no-engine.sock'}"}
+    args = (["rollout", "--env", "swe", "--tasks", "builtin:swe?ids=stockroom-001", "--policy", "oracle:gold",
+             "--sandbox", "docker", "--out", str(tmp_path / "out")] if command == "rollout" else
+            ["reward", "--in", str(tmp_path / "rollouts"), "--out", str(tmp_path / "rewarded"), "--reward", "swe",
+             "--reward-opt", "sandbox=docker"])
+    result = subprocess.run([sys.executable, "-m", "arlctl.cli.main", *args], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "preflight check docker failed" in result.stderr and ".ci/docker_setup.sh" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "rewarded").exists()
