@@ -20,33 +20,16 @@ import re
 from typing import Any
 
 from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.schema import checked_call, decode_call_object, tool_function, tool_names, validate_call
+
+# The schema helpers moved to arlctl.tools.schema (all parsers share them); re-exported for old importers.
+__all__ = ["parse_hermes", "strip_tool_calls", "tool_function", "tool_names", "validate_call", "OPEN_TAG", "CLOSE_TAG"]
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 _TAG_RE = re.compile(r"</?tool_call>")
 _FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 _EXAMPLE = '<tool_call>\n{"name": "TOOL_NAME", "arguments": {"ARG": "VALUE"}}\n</tool_call>'
-
-# JSON-schema type name -> Python types accepted for it (bool is not a number, though it is an int).
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list,),
-    "object": (dict,),
-    "null": (type(None),),
-}
-
-
-def tool_function(tool: dict[str, Any]) -> dict[str, Any]:
-    """The function part of an OpenAI tool schema; accepts the wrapped and the bare form."""
-    return tool["function"] if tool.get("type") == "function" and "function" in tool else tool
-
-
-def tool_names(tools: list[dict[str, Any]]) -> list[str]:
-    return [tool_function(tool)["name"] for tool in tools]
-
 
 def _block_spans(text: str) -> tuple[list[tuple[int, int, str]], list[ParseError]]:
     """Pair open and close tags in order; return (start, end, inner text) per block and tag errors."""
@@ -99,51 +82,7 @@ def _decode_block(inner: str) -> tuple[str, dict[str, Any]] | str:
         return f"invalid JSON in tool call: {exc.msg} (line {exc.lineno}, column {exc.colno}); write calls as:\n{_EXAMPLE}"
     if body[end:].strip():
         return f"unexpected text after the JSON object in tool call: {body[end:].strip()[:40]!r}"
-    if not isinstance(payload, dict):
-        return f'a tool call must be a JSON object with "name" and "arguments", got {type(payload).__name__}'
-    name = payload.get("name")
-    if not isinstance(name, str) or not name.strip():
-        return f'a tool call needs a "name" string; write calls as:\n{_EXAMPLE}'
-    arguments: Any = payload.get("arguments", payload.get("parameters", {}))
-    if isinstance(arguments, str):
-        # Some templates (and OpenAI's own wire format) encode arguments as a JSON string.
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return f'the "arguments" string of {name!r} is not valid JSON: {exc.msg}'
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        return f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
-    return name.strip(), arguments
-
-
-def validate_call(call: ToolCall, tools: list[dict[str, Any]]) -> str | None:
-    """Check a call against OpenAI function schemas; return an error message or None if it is valid."""
-    by_name = {tool_function(tool)["name"]: tool_function(tool) for tool in tools}
-    if call.name not in by_name:
-        known = ", ".join(sorted(by_name)) or "(none)"
-        return f"unknown tool {call.name!r}; available tools: {known}"
-    parameters = by_name[call.name].get("parameters") or {}
-    properties: dict[str, Any] = parameters.get("properties") or {}
-    missing = [arg for arg in parameters.get("required", []) if arg not in call.arguments]
-    if missing:
-        return f"tool {call.name!r} is missing required argument(s): {', '.join(missing)}"
-    if parameters.get("additionalProperties") is False:
-        extra = sorted(set(call.arguments) - set(properties))
-        if extra:
-            return f"tool {call.name!r} got unknown argument(s): {', '.join(extra)}; allowed: {', '.join(properties)}"
-    for arg, value in call.arguments.items():
-        declared = (properties.get(arg) or {}).get("type")
-        if declared is None:
-            continue
-        allowed_names = declared if isinstance(declared, list) else [declared]
-        allowed = tuple(t for name in allowed_names for t in _JSON_TYPES.get(name, (object,)))
-        if isinstance(value, bool) and bool not in allowed:
-            allowed = ()  # True is an int in Python, not an integer in JSON
-        if not isinstance(value, allowed):
-            return f"argument {arg!r} of tool {call.name!r} must be of type {'/'.join(allowed_names)}, got {type(value).__name__}"
-    return None
+    return decode_call_object(payload, _EXAMPLE)
 
 
 def parse_hermes(
@@ -162,12 +101,11 @@ def parse_hermes(
         if isinstance(decoded, str):
             errors.append(ParseError(raw=raw, message=decoded))
             continue
-        call = ToolCall(name=decoded[0], arguments=decoded[1], id=f"call_{len(calls)}")
-        problem = validate_call(call, tools) if tools is not None else None
-        if problem is not None:
-            errors.append(ParseError(raw=raw, message=problem))
-            continue
-        calls.append(call)
+        checked = checked_call(ToolCall(name=decoded[0], arguments=decoded[1], id=f"call_{len(calls)}"), raw, tools)
+        if isinstance(checked, ParseError):
+            errors.append(checked)
+        else:
+            calls.append(checked)
     return calls, errors
 
 
