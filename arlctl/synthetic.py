@@ -114,3 +114,34 @@ def _one_row(rng, env, group_id, sample_index, task, prompt_ids, mean_turns, tok
 
 def synthetic_table(n_groups: int, group_size: int = 4, seed: int = 0, **kwargs) -> pa.Table:
     return rows_to_table(synthetic_rows(n_groups, group_size, seed, **kwargs))
+
+
+def split_per_turn(row: TrajectoryRow) -> list[TrajectoryRow]:
+    """The rows `rollout --history per-turn` would write for `row` (contract of issue 13).
+
+    Row k holds turn k alone: its prompt is the trajectory's prompt plus every response token before the
+    turn (a prefix-consistent template renders it the same), its response the turn's sampled tokens (no
+    observation tokens: obs_len 0, the observation text kept). Rows before the last are "continued"; the
+    last keeps the real finish_reason and final_state; every row keeps the trajectory's status.
+    """
+    from dataclasses import replace
+
+    out: list[TrajectoryRow] = []
+    last = len(row.turns) - 1
+    for k, turn in enumerate(row.turns):
+        span = slice(turn.gen_start, turn.gen_start + turn.gen_len)
+        out.append(replace(
+            row, prompt_ids=row.prompt_ids + row.response_ids[: turn.gen_start],
+            response_ids=row.response_ids[span], response_mask=row.response_mask[span],
+            response_logprobs=row.response_logprobs[span],
+            turns=[replace(turn, gen_start=0, obs_len=0)],
+            finish_reason=row.finish_reason if k == last else "continued",
+            final_state=row.final_state if k == last else None,
+            num_tool_calls=len(turn.tool_calls),
+        ))
+    return out
+
+
+def synthetic_per_turn_rows(n_groups: int, group_size: int = 4, seed: int = 0, **kwargs) -> list[TrajectoryRow]:
+    """`synthetic_rows`, each trajectory split into its per-turn rows (trajectory order kept)."""
+    return [part for row in synthetic_rows(n_groups, group_size, seed, **kwargs) for part in split_per_turn(row)]

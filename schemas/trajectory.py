@@ -54,7 +54,8 @@ _COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("response_logprobs", pa.list_(pa.float32()), False, "behaviour log-prob per response token; 0 where mask=0"),
     ("turns", pa.list_(TURN_TYPE), False, "per-turn records (offsets into response_ids)"),
     ("status", pa.string(), False, "ok, truncated, timeout, env_error, policy_error, aborted"),
-    ("finish_reason", pa.string(), False, "stop, submit, max_turns, max_tokens, timeout, error"),
+    ("finish_reason", pa.string(), False,
+     "stop, submit, max_turns, max_tokens, timeout, error; continued: a per-turn row before the last"),
     ("num_turns", pa.int16(), False, "assistant turns"),
     ("num_tool_calls", pa.int16(), False, "tool calls parsed and executed"),
     ("env_errors", pa.int16(), False, "tool errors, parse errors and step timeouts"),
@@ -88,7 +89,8 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 COLUMN_NAMES = [name for name, *_ in _COLUMNS]
 STATUSES = ("ok", "truncated", "timeout", "env_error", "policy_error", "aborted")
-FINISH_REASONS = ("stop", "submit", "max_turns", "max_tokens", "timeout", "error")
+# "continued": a row of `rollout --history per-turn` that is not its trajectory's last (arlctl/turn_rows.py).
+FINISH_REASONS = ("stop", "submit", "max_turns", "max_tokens", "timeout", "error", "continued")
 
 
 class SchemaError(ValueError):

@@ -9,6 +9,8 @@ row by row, because one hostile or broken row must be droppable without losing i
   - turn offsets (gen_start, gen_len, obs_len) are >= 0 and the turn lies inside the row's response
   - policy versions (row and turn) lie in [0, MAX_POLICY_VERSION]
   - reward, reward_components, advantage and weight are finite where not null; weight is >= 0
+  - a per-turn row (finish_reason "continued", or a first turn index > 0: `rollout --history per-turn`)
+    holds exactly one turn; a whole-trajectory row starts at turn 0
 
 `find_bad_values` reports every offending row once per rule; readers either refuse the shard
 (`check_values`, what `arlctl validate` and `read_shard` do by default) or drop the rows under the
@@ -153,11 +155,27 @@ def _scalars(table: pa.Table) -> Iterator[BadValue]:
         yield BadValue(row, "reward_components", f"reward_components holds {parts[i]}, not a finite number")
 
 
+def _per_turn(table: pa.Table) -> Iterator[BadValue]:
+    """A per-turn row holds exactly one turn (arlctl/turn_rows.py): a "continued" row, or one whose first
+    turn index is above 0, with any other number of turns is neither a per-turn nor a whole row."""
+    flat = _flat(table.column("turns"))
+    n_turns = flat.lengths  # [N]
+    index = _numbers(flat.values.field("index").cast(pa.int64())) if len(flat.values) else np.zeros(0)  # [T]
+    first = np.zeros(len(n_turns))
+    has = n_turns > 0
+    first[has] = index[flat.starts[:-1][has]]
+    continued = np.asarray(table.column("finish_reason").to_pylist(), dtype=object) == "continued"  # [N]
+    for row in np.flatnonzero((continued | (first > 0)) & (n_turns != 1)).tolist():
+        why = "finish_reason 'continued'" if continued[row] else f"first turn index {first[row]:.0f}"
+        yield BadValue(row, "turns", f"a per-turn row ({why}) holds {n_turns[row]} turns, not exactly 1")
+
+
 def find_bad_values(table: pa.Table, vocab_size: int | None = None) -> list[BadValue]:
     """Every (row, rule) whose value is out of range or not finite, sorted by row. Needs a typed table."""
     if table.num_rows == 0:
         return []
-    found = [*_token_ids(table, vocab_size), *_response(table), *_turns(table), *_scalars(table)]
+    found = [*_token_ids(table, vocab_size), *_response(table), *_turns(table), *_per_turn(table),
+             *_scalars(table)]
     return sorted(found, key=lambda b: b.row)
 
 

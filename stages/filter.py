@@ -22,8 +22,16 @@ recorded with its rule name so an audit can account for every trajectory:
   7. balance          per batch, rows with advantage > 0 are down-weighted so that their share of the
                       total weight is at most --max-pos-frac (nothing is dropped; the count is rows touched)
 
-A row-level rule (4-6) that leaves a group with fewer than --min-group-size rows drops the rest of that
-group too, counted under the same rule: groups stay whole.
+A row-level rule (4-6) that leaves a group with fewer than --min-group-size trajectories drops the rest
+of that group too, counted under the same rule: groups stay whole.
+
+Per-turn rows (`rollout --history per-turn`, arlctl/turn_rows.py): every rule keeps or drops a
+trajectory's rows together (a rule that condemns one row condemns its siblings, under the same rule); a
+trajectory whose rows are incomplete (turn indices not 0..n-1, or not exactly its last row final) is
+dropped whole under completeness; group sizes count distinct trajectories; the duplicate rule keys on
+(trajectory_id, first turn index), so siblings are not duplicates but a repeated row still is; n-gram
+dedupe and staleness look at the trajectory's rows together; advantages and weights are computed from
+one reward per trajectory and written on each of its rows, and a batch never splits a trajectory.
 
 Survivors are packed, whole groups in input order, into batches of --batch-groups groups with their
 advantages (--adv) and weights filled in. The last batch of an invocation may be smaller; --min-groups
@@ -74,6 +82,7 @@ from arlctl.io.shards import (
 )
 from arlctl.rl.advantages import ADVANTAGE_MODES, compute_advantages, group_ids_to_index
 from arlctl.schemas.values import MAX_POLICY_VERSION, BadValue, bad_rows, find_bad_values
+from arlctl.turn_rows import CONTINUED, first_turn_indices
 
 RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
 DEFAULT_KEEP_STATUS = ("ok",)
@@ -158,36 +167,69 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / union if union else 0.0
 
 
+def _trajectory_members(table: pa.Table) -> tuple[list[list[int]], list[int]]:
+    """(members, first turn index) per row: the rows of its per-turn trajectory (arlctl/turn_rows.py), or
+    just itself for a whole-trajectory row; a repeated whole row is its own member (rule 4 handles it)."""
+    ids = table.column("trajectory_id").to_pylist()
+    first = first_turn_indices(table)
+    turn_row = [r == CONTINUED or i > 0 for r, i in zip(table.column("finish_reason").to_pylist(), first, strict=True)]
+    by_id: dict[str, list[int]] = {}
+    for i in range(table.num_rows):
+        if turn_row[i]:
+            by_id.setdefault(ids[i], []).append(i)
+    return [by_id[ids[i]] if turn_row[i] else [i] for i in range(table.num_rows)], first
+
+
+def _is_turn_row(i: int, members: list[list[int]], first: list[int], reasons: list[str]) -> bool:
+    return len(members[i]) > 1 or reasons[i] == CONTINUED or first[i] > 0
+
+
+def _incomplete(rows: list[int], first: list[int], reasons: list[str]) -> bool:
+    """A per-turn trajectory is complete iff its distinct turn indices are 0..n-1 and only the last is final
+    (a repeated row is rule 4's, not a gap)."""
+    indices = sorted({first[i] for i in rows})
+    finals = {first[i] for i in rows if reasons[i] != CONTINUED}
+    return indices != list(range(len(indices))) or finals != {indices[-1]}
+
+
 def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> RuleResult:
-    """Run rules 0-6 over a table; return the keep mask, staleness weights and attributed drops."""
+    """Run rules 0-6 over a table; return the keep mask, staleness weights and attributed drops.
+
+    A per-turn trajectory's rows are kept or dropped together: a rule that drops one drops all (same rule)."""
     n = table.num_rows
     ids = table.column("trajectory_id").to_pylist()
     groups = table.column("group_id").to_pylist()
+    members, first = _trajectory_members(table)
     keep = np.ones(n, dtype=bool)
     weight = np.ones(n, dtype=np.float64)
     drops: list[tuple[int, str]] = []
     counts = dict.fromkeys(RULES, 0)
 
-    def drop(rows: list[int] | np.ndarray, rule: str) -> None:
+    def drop(rows: list[int] | np.ndarray, rule: str, whole: bool = True) -> None:
         for i in rows:
-            if keep[i]:
-                keep[i] = False
-                drops.append((int(i), rule))
-                counts[rule] += 1
+            for j in members[int(i)] if whole else [int(i)]:
+                if keep[j]:
+                    keep[j] = False
+                    drops.append((j, rule))
+                    counts[rule] += 1
 
     def drop_small_groups(rule: str) -> None:
         for rows in _group_rows(groups, np.flatnonzero(keep)).values():
-            if len(rows) < cfg.min_group_size:
+            if len({ids[i] for i in rows}) < cfg.min_group_size:  # G counts trajectories, not rows
                 drop(rows, rule)
 
     # 0. invalid values: a hostile or broken row goes before any rule does arithmetic on it.
     invalid = find_bad_values(table, cfg.vocab_size)
     drop(bad_rows(invalid), "invalid_values")
 
-    # 1. completeness: only finished, rewarded trajectories are trained on.
+    # 1. completeness: only finished, rewarded trajectories are trained on; a per-turn trajectory whose
+    # rows are not all here (a gap in its turn indices, no final row) is not a finished trajectory either.
     status = table.column("status").to_pylist()
+    reasons = table.column("finish_reason").to_pylist()
     reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null -> nan
-    drop([i for i in range(n) if status[i] not in cfg.keep_status or math.isnan(reward[i])], "completeness")
+    drop([i for i in range(n) if status[i] not in cfg.keep_status or math.isnan(reward[i])
+          or (_is_turn_row(i, members, first, reasons) and _incomplete(members[i], first, reasons))],
+         "completeness")
 
     # 2. group integrity: the input must hold each group whole, and enough of it must survive.
     # Exact duplicates (same trajectory_id) are left to rule 4 rather than condemning their group here.
@@ -205,39 +247,55 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
         if np.ptp(reward[rows]) == 0 and _stable_fraction(gid, cfg.seed) >= cfg.keep_uniform:
             drop(rows, "zero_variance")
 
-    # 4. duplicates: repeated ids anywhere, then near-identical action sequences within a group.
-    seen: set[str] = set()
+    # 4. duplicates: a repeated (trajectory_id, first turn index) anywhere (per-turn siblings differ in
+    # the index; only the repeat goes), then near-identical action sequences within a group.
+    seen: set[tuple[str, int]] = set()
     for i in np.flatnonzero(keep):
-        if ids[i] in seen:
-            drop([i], "duplicate")
-        seen.add(ids[i])
+        if (ids[i], first[i]) in seen:
+            drop([i], "duplicate", whole=False)
+        seen.add((ids[i], first[i]))
     if cfg.dedupe_threshold is not None:
-        turns = table.column("turns").to_pylist()
-        for rows in _group_rows(groups, np.flatnonzero(keep)).values():
-            kept: list[set] = []
-            for i in sorted(rows, key=lambda r: sample_index[r]):
-                grams = _action_ngrams(turns[i], cfg.dedupe_ngram)
-                if grams is None:  # only dedupe reads tool_calls, so only here is a malformed one caught
-                    invalid.append(BadValue(int(i), "turns", "a turn's tool_calls is not a JSON list of objects"))
-                    drop([i], "invalid_values")
-                elif any(jaccard(grams, other) >= cfg.dedupe_threshold for other in kept):
-                    drop([i], "duplicate")
-                else:
-                    kept.append(grams)
+        _dedupe_actions(table, cfg, keep, groups, members, first, sample_index, invalid, drop)
     drop_small_groups("duplicate")
 
-    # 5. staleness: lag against the current policy; the oldest turn's version decides.
-    lag = np.maximum(current_version - table.column("policy_version").to_numpy().astype(np.int64), 0)  # [N]
+    # 5. staleness: lag against the current policy; the oldest turn's version decides, for every row of a
+    # trajectory alike (per-turn rows carry their own turn's version: the trajectory's first row is oldest).
+    version = table.column("policy_version").to_numpy().astype(np.int64)  # [N]
+    oldest = np.array([version[m].min() for m in members], dtype=np.int64)  # [N]
+    lag = np.maximum(current_version - oldest, 0)  # [N]
     if cfg.max_lag is not None:
         drop(np.flatnonzero(keep & (lag > cfg.max_lag)), "staleness")
     weight = np.exp(-cfg.decay * lag)
     drop_small_groups("staleness")
 
-    # 6. where: a user predicate over the schema's columns, evaluated by DuckDB.
+    # 6. where: a user predicate over the schema's columns, evaluated by DuckDB; a per-turn trajectory goes
+    # whole when any of its rows fails it.
     if cfg.where:
         drop(np.flatnonzero(keep & ~_where_mask(table, cfg.where)), "where")
         drop_small_groups("where")
     return RuleResult(keep=keep, weight=weight, drops=drops, counts=counts, invalid=invalid)
+
+
+def _dedupe_actions(table, cfg, keep, groups, members, first, sample_index, invalid, drop) -> None:
+    """Rule 4b: a trajectory whose tool-call n-grams (over all its rows, in turn order) are within
+    --dedupe-threshold Jaccard of an earlier kept trajectory of its group is dropped whole."""
+    turns = table.column("turns").to_pylist()
+    for rows in _group_rows(groups, np.flatnonzero(keep)).values():
+        kept: list[set] = []
+        leaders = sorted({min(members[i]) for i in rows}, key=lambda r: (sample_index[r], r))
+        for leader in leaders:
+            traj = sorted((i for i in members[leader] if keep[i]), key=lambda r: first[r])
+            if not traj:
+                continue
+            grams = _action_ngrams([t for i in traj for t in turns[i]], cfg.dedupe_ngram)
+            if grams is None:  # only dedupe reads tool_calls, so only here is a malformed one caught
+                invalid.extend(BadValue(int(i), "turns", "a turn's tool_calls is not a JSON list of objects")
+                               for i in traj)
+                drop(traj, "invalid_values")
+            elif any(jaccard(grams, other) >= cfg.dedupe_threshold for other in kept):
+                drop(traj, "duplicate")
+            else:
+                kept.append(grams)
 
 
 def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
@@ -266,26 +324,43 @@ def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
 def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tuple[list[pa.Table], int]:
     """Pack surviving rows, whole groups in input order, into batches with advantage and weight filled.
 
+    Whole groups means whole trajectories too: a per-turn trajectory's rows always share a batch. The
+    advantage (and the balance rule) sees one reward per trajectory, so a 10-turn trajectory is one sample
+    of its group, not ten; every row of it gets that advantage and weight.
     Returns (batch tables, rows touched by the balance rule).
     """
     groups = table.column("group_id").to_pylist()
+    ids = table.column("trajectory_id").to_pylist()
     order = list(_group_rows(groups, np.arange(table.num_rows)).values())
     sample_index = table.column("sample_index").to_numpy()
+    first = first_turn_indices(table)
     batches, balanced = [], 0
     for start in range(0, len(order), cfg.batch_groups):
-        rows = [i for g in order[start : start + cfg.batch_groups] for i in sorted(g, key=lambda r: sample_index[r])]
+        rows = [i for g in order[start : start + cfg.batch_groups]
+                for i in sorted(g, key=lambda r: (sample_index[r], ids[r], first[r]))]
         batch = table.take(pa.array(rows, pa.int64()))
-        rewards = batch.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)
-        adv = compute_advantages(torch.from_numpy(rewards), group_ids_to_index(batch.column("group_id").to_pylist()),
-                                 cfg.adv).numpy()  # [n]
-        w = weight[rows].astype(np.float64)  # [n]
-        balanced += _balance(adv, w, cfg.max_pos_frac)
+        # One sample per trajectory: its first row in the batch stands for all of its rows.
+        traj_of: dict[str, int] = {}
+        owner = np.array([traj_of.setdefault(ids[i], len(traj_of)) for i in rows])  # [n] -> trajectory
+        leader = np.array(_first_positions(owner), dtype=np.int64)  # [T] batch position of each trajectory
+        rewards = batch.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)[leader]  # [T]
+        traj_groups = [batch.column("group_id")[int(k)].as_py() for k in leader]
+        adv_t = compute_advantages(torch.from_numpy(rewards), group_ids_to_index(traj_groups), cfg.adv).numpy()  # [T]
+        w_t = weight[[rows[k] for k in leader]].astype(np.float64)  # [T]
+        touched = _balance(adv_t, w_t, cfg.max_pos_frac)
+        balanced += int(np.isin(owner, np.flatnonzero(adv_t > 0)).sum()) if touched else 0
         batch = batch.set_column(batch.schema.get_field_index("advantage"), batch.schema.field("advantage"),
-                                 pa.array(adv, pa.float32()))
+                                 pa.array(adv_t[owner], pa.float32()))
         batch = batch.set_column(batch.schema.get_field_index("weight"), batch.schema.field("weight"),
-                                 pa.array(w, pa.float32()))
+                                 pa.array(w_t[owner], pa.float32()))
         batches.append(batch)
     return batches, balanced
+
+
+def _first_positions(owner: np.ndarray) -> list[int]:
+    """The position of each trajectory's first row, in trajectory order (owner numbers them by first row)."""
+    _, first = np.unique(owner, return_index=True)
+    return first.tolist()
 
 
 def _balance(adv: np.ndarray, w: np.ndarray, max_pos_frac: float | None) -> int:

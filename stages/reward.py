@@ -5,6 +5,13 @@ in the output's lineage. Inputs already consumed by the output directory are ski
 output name is deterministic a re-run after a crash overwrites rather than duplicates. Re-rewarding the
 same rollouts with another reward version simply targets another output directory.
 
+A trajectory is scored once. The rows of a `--history per-turn` trajectory (arlctl/turn_rows.py) are
+graded on their last row (the one not "continued": it holds final_state) with every turn's text as the
+response, and that reward, reward_components, reward_info and reward_version are copied onto all of
+them; a per-turn trajectory whose last row is not in the shard gets reward null with the cause.
+`AutoReward` (`--reward auto`) scores each row with the reward registered under its own `env`; an env
+without one gives reward null with reward_info.error "no reward registered for env X", never 0.
+
 A row the grader could not grade (its tests could not run: a missing interpreter or pytest, a dead
 sandbox) comes back from the reward function as reward None with reward_info.error, and stays null.
 A poison row never blocks its shard: a `task` that is not a JSON object, a reward function that rejects
@@ -33,6 +40,7 @@ from arlctl.io.fs import basename, join
 from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, consumed_inputs, quarantine, read_shard, scan, write_shard
 from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA
+from arlctl.turn_rows import CONTINUED, first_turn_indices
 
 
 @dataclass
@@ -44,13 +52,19 @@ class RewardSummary:
     reward_sum: float = 0.0
     corrupt: list[str] = field(default_factory=list)
     row_errors: list[str] = field(default_factory=list)  # "shard row i (trajectory_id): cause": reward null
+    error_causes: dict[str, int] = field(default_factory=dict)  # error_cause -> rows (see error_cause)
     seconds: float = 0.0
+
+    def add_causes(self, causes: dict[str, int]) -> None:
+        for cause, count in causes.items():
+            self.error_causes[cause] = self.error_causes.get(cause, 0) + count
 
     def as_dict(self) -> dict[str, Any]:
         return {"inputs": self.inputs_seen, "skipped_consumed": self.skipped_consumed,
                 "shards_written": len(self.written), "written": self.written, "rows": self.rows,
                 "mean_reward": (self.reward_sum / self.rewarded) if self.rewarded else None,
-                "corrupt": self.corrupt, "row_errors": self.row_errors, "seconds": round(self.seconds, 3)}
+                "corrupt": self.corrupt, "row_errors": self.row_errors, "error_causes": self.error_causes,
+                "seconds": round(self.seconds, 3)}
 
     @property
     def rewarded(self) -> int:
@@ -103,17 +117,96 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
 
 
-async def _score_rows(rows: list[dict[str, Any]], reward: Reward, concurrency: int) -> list[Scored]:
-    """Score every row; async scorers (sandboxed graders) run `concurrency` at a time."""
+class AutoReward:
+    """`--reward auto`: each row is scored by the reward registered under its own `env` (built in, or a
+    plugin's `arlctl.rewards` entry point of the same name). options: env name -> that reward's options.
+
+    An env with no reward of its name gets no score: reward null, reward_info.error NO_REWARD (never 0).
+    A `module:attr` env spec has no reward name to look up, so it is such an env too.
+    """
+
+    name = "auto"
+
+    def __init__(self, options: dict[str, dict[str, Any]] | None = None):
+        self.options = options or {}
+        self._found: dict[str, Reward | str] = {}
+        suffix = ",".join(f"{env}.{k}={v}" for env in sorted(self.options) for k, v in sorted(self.options[env].items()))
+        self.version = "auto" + (f"+{suffix}" if suffix else "")
+
+    def for_env(self, env: str) -> Reward | str:
+        """The env's reward, or the row error when it has none (a broken plugin is a UsageError)."""
+        if env not in self._found:
+            from arlctl.envs import registry
+
+            known = (env in registry.REWARDS or env in registry.builtin_names("reward")
+                     or env in registry.entry_points(registry.REWARD_GROUP))
+            self._found[env] = (registry.get_reward(env, **self.options.get(env, {})) if known and not
+                                registry.is_spec(env) else NO_REWARD.format(env=env))
+        return self._found[env]
+
+
+NO_REWARD = "no reward registered for env {env}"
+NO_FINAL_ROW = "the last row of this per-turn trajectory is not in this shard"
+
+
+@dataclass
+class _Unit:
+    """One scoring call: a whole-trajectory row, or the rows of one per-turn trajectory (scored on its last)."""
+
+    rows: list[int]  # every table row that gets the result
+    scored: int | None  # the row whose final_state and task are graded; None: `error` instead
+    reward: Reward | None
+    error: str | None = None
+
+
+def _units(table: pa.Table, reward: Reward | AutoReward) -> list[_Unit]:
+    """One unit per whole-trajectory row (a repeated id stays filter's duplicate rule, each row is scored),
+    and one per per-turn trajectory, scored on its final row; without exactly one final row: an error unit."""
+    envs = table.column("env").to_pylist()
+    reasons = table.column("finish_reason").to_pylist()
+    first = first_turn_indices(table)
+    per_turn: dict[str, list[int]] = {}
+    plan: list[tuple[list[int], int | None, str | None]] = []  # (rows, scored row, error)
+    for i, (tid, reason, index) in enumerate(zip(table.column("trajectory_id").to_pylist(), reasons, first,
+                                                 strict=True)):
+        if reason == CONTINUED or index > 0:
+            if tid not in per_turn:
+                per_turn[tid] = []
+                plan.append((per_turn[tid], None, tid))  # filled below, in order of first row
+            per_turn[tid].append(i)
+        else:
+            plan.append(([i], i, None))
+    units = []
+    for rows, scored, tid in plan:
+        if tid is not None:
+            finals = [i for i in rows if reasons[i] != CONTINUED]
+            rows.sort(key=lambda i: first[i])
+            if len(finals) != 1:
+                cause = NO_FINAL_ROW if not finals else f"this per-turn trajectory has {len(finals)} final rows"
+                units.append(_Unit(rows, None, None, cause))
+                continue
+            scored = finals[0]
+        chosen = reward.for_env(envs[scored]) if isinstance(reward, AutoReward) else reward
+        units.append(_Unit(rows, None, None, chosen) if isinstance(chosen, str) else _Unit(rows, scored, chosen))
+    return units
+
+
+async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], concurrency: int) -> list[Scored]:
+    """Score every unit once; async scorers (sandboxed graders) run `concurrency` at a time."""
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(row: dict[str, Any]) -> Scored:
+    async def one(unit: _Unit) -> Scored:
+        if unit.scored is None or unit.reward is None:
+            return _row_error(str(unit.error))
+        row = rows[unit.scored]
         task = _parse_task(row["task"])
         if isinstance(task, str):
             return _row_error(task)
+        # The policy's whole response: every turn of the trajectory, in order (one row or several).
+        text = "\n".join(_response_text(rows[i]) for i in unit.rows)
         async with slots:
             try:
-                result = reward.score(row["final_state"], task, _response_text(row))
+                result = unit.reward.score(row["final_state"], task, text)
                 if inspect.isawaitable(result):
                     result = await result
             except (TransientError, UsageError):
@@ -122,28 +215,77 @@ async def _score_rows(rows: list[dict[str, Any]], reward: Reward, concurrency: i
                 return _row_error(f"the reward function failed on this row ({_one_line(err)})")
         return _checked(result)
 
-    return await asyncio.gather(*(one(r) for r in rows))
+    return await asyncio.gather(*(one(u) for u in units))
 
 
-def reward_table(table: pa.Table, reward: Reward, concurrency: int = 4) -> pa.Table:
+def reward_table(table: pa.Table, reward: Reward | AutoReward, concurrency: int = 4) -> pa.Table:
     """Return `table` with the reward columns filled by `reward`; every other column is unchanged.
 
-    A row that could not be scored has reward and reward_components null and reward_info {"error": ...}.
+    Scored once per trajectory: the rows of a per-turn trajectory (arlctl/turn_rows.py) all get the score
+    of its last row. A row that could not be scored has reward and reward_components null and
+    reward_info {"error": ...}.
     """
     rows = table.select(["task", "final_state", "turns"]).to_pylist()
-    scored = asyncio.run(_score_rows(rows, reward, concurrency))
-    rewards = [value for value, _, _ in scored]
-    components = [None if parts is None else list(parts.items()) for _, parts, _ in scored]
-    infos = [json.dumps(info, sort_keys=True, default=str) for _, _, info in scored]
+    units = _units(table, reward)
+    scored = asyncio.run(_score_units(units, rows, concurrency))
+    n = table.num_rows
+    rewards: list[float | None] = [None] * n
+    components: list[Any] = [None] * n
+    infos: list[str | None] = [None] * n
+    versions: list[str | None] = [None] * n
+    for unit, (value, parts, info) in zip(units, scored, strict=True):
+        text = json.dumps(info, sort_keys=True, default=str)
+        for i in unit.rows:
+            rewards[i], infos[i] = value, text
+            components[i] = None if parts is None else list(parts.items())
+            versions[i] = unit.reward.version if unit.reward is not None else (
+                None if isinstance(reward, AutoReward) else reward.version)
     columns = {
         "reward": pa.array(rewards, pa.float32()),
         "reward_components": pa.array(components, TRAJECTORY_SCHEMA.field("reward_components").type),
         "reward_info": pa.array(infos, pa.string()),
-        "reward_version": pa.array([reward.version] * table.num_rows, pa.string()),
+        "reward_version": pa.array(versions, pa.string()),
     }
     for name, values in columns.items():
         table = table.set_column(table.schema.get_field_index(name), TRAJECTORY_SCHEMA.field(name), values)
     return table
+
+
+def error_cause(error: str, infra: bool) -> str:
+    """The metrics name of a row's reward_info.error (RUN/metrics error_causes; "infra:" = not the policy's).
+
+    The swe grader marks a run that could not test with reward_info.infra = true (arlctl/envs/swe/grader.py):
+    pytest missing in the sandbox, no report from the driver, or the harness failing otherwise."""
+    if error.startswith(NO_REWARD.format(env="")):
+        return "no_reward_for_env"
+    if error == NO_FINAL_ROW or "per-turn trajectory" in error:
+        return "incomplete_trajectory"
+    if not infra:
+        return "reward_error"
+    if "cannot import pytest" in error or "No module named 'pytest'" in error or "No module named pytest" in error:
+        return "infra:grader_no_pytest"
+    if "produced no report" in error:
+        return "infra:grader_no_report"
+    return "infra:grader_error"
+
+
+def error_causes(table: pa.Table) -> dict[str, int]:
+    """{cause: rows} over the rows of a rewarded table left without a reward."""
+    causes: dict[str, int] = {}
+    for value, info in zip(table.column("reward").to_pylist(), table.column("reward_info").to_pylist(), strict=True):
+        if value is None:
+            detail = _info(info)
+            cause = error_cause(str(detail.get("error") or ""), bool(detail.get("infra")))
+            causes[cause] = causes.get(cause, 0) + 1
+    return causes
+
+
+def _info(text: str | None) -> dict[str, Any]:
+    try:
+        info = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def row_errors(table: pa.Table, shard: str) -> list[str]:
@@ -152,7 +294,7 @@ def row_errors(table: pa.Table, shard: str) -> list[str]:
     ids, rewards, infos = (table.column(c).to_pylist() for c in ("trajectory_id", "reward", "reward_info"))
     for i, (tid, value, info) in enumerate(zip(ids, rewards, infos, strict=True)):
         if value is None:
-            out.append(f"{basename(shard)} row {i} (trajectory_id {tid!r}): {json.loads(info).get('error')}")
+            out.append(f"{basename(shard)} row {i} (trajectory_id {tid!r}): {_info(info).get('error')}")
     return out
 
 
@@ -160,7 +302,7 @@ def output_name(input_url: str) -> str:
     return basename(input_url)
 
 
-def reward_dir(in_url: str, out_url: str, reward: Reward, concurrency: int = 4, on_corrupt: str = "raise",
+def reward_dir(in_url: str, out_url: str, reward: Reward | AutoReward, concurrency: int = 4, on_corrupt: str = "raise",
                dry_run: bool = False, only: list[str] | None = None, worker: tuple[int, int] = (0, 1),
                stop: Any = None) -> RewardSummary:
     """Reward every input shard not yet consumed by out_url. Returns what was done.
@@ -195,6 +337,7 @@ def reward_dir(in_url: str, out_url: str, reward: Reward, concurrency: int = 4, 
         summary.rows += rewarded.num_rows
         summary.reward_sum += sum(v for v in rewarded.column("reward").to_pylist() if v is not None)
         summary.row_errors += row_errors(rewarded, shard)
+        summary.add_causes(error_causes(rewarded))
         if dry_run:
             continue
         target = join(out_url, output_name(shard))

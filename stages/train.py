@@ -12,6 +12,13 @@ Reads top to bottom like a torchtune recipe:
 Resuming continues exactly: the same next batch, the same weights, optimizer moments, LR and RNG, so K
 steps straight and K/2 + resume + K/2 give identical weights.
 
+Per-turn rows (`rollout --history per-turn`) are separate sequences, each trained with its trajectory's
+advantage. The loss weighs them per token: under token-mean (the default, like verl's token-mean) a
+trajectory counts by its sampled tokens whether it arrives as one row or as ten, so a 10-turn trajectory
+does not count 10x; the seq-mean modes count a per-turn trajectory as ONE sequence (N_seqs = trajectories)
+and, for seq-mean-token-mean, scale each row by its share of the trajectory's tokens so the trajectory's
+token mean is what enters the sequence mean (arlctl/rl/batching.py `trajectory_shares`).
+
 Non-finite numbers never reach the weights (DESIGN.md §9), and no bad row blocks the run, by two counted
 rules:
   rows      a row that breaks a value rule of the schema (schemas/values.py: NaN/inf log-probs, advantage
@@ -45,7 +52,14 @@ from arlctl.errors import TerminalError, UsageError
 from arlctl.io.fs import basename, join
 from arlctl.io.shards import read_shard, scan, write_table_atomic
 from arlctl.rl import checkpoint as ckpt
-from arlctl.rl.batching import batch_columns, collate, nonfinite_rows, plan_micro_batches, score_tokens
+from arlctl.rl.batching import (
+    batch_columns,
+    collate,
+    nonfinite_rows,
+    plan_micro_batches,
+    score_tokens,
+    trajectory_shares,
+)
 from arlctl.rl.losses import LOSS_AGG_MODES, LossConfig, finalize_metrics, policy_loss
 from arlctl.schemas.values import find_bad_values
 
@@ -158,12 +172,16 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
                                      batch.column("response_tokens").to_pylist(), strict=True)]
     plan = plan_micro_batches(lengths, cfg.micro_tokens)
 
-    # 2. Denominators of the whole batch, so that the micro-batch losses sum to the batch loss.
+    # 2. Denominators of the whole batch, so that the micro-batch losses sum to the batch loss. A per-turn
+    #    trajectory's rows are one sequence of the seq-mean modes (see the module docstring).
     num_tokens = float(sum(sum(m) for m in batch.column("response_mask").to_pylist()))
-    num_seqs = float(batch.num_rows)
+    shares, num_trajectories = trajectory_shares(batch)
+    num_seqs = float(num_trajectories)
+    columns = batch_columns(batch)
+    if cfg.loss_agg == "seq-mean-token-mean":
+        columns["weight"] = [(1.0 if w is None else w) * share for w, share in zip(columns["weight"], shares, strict=True)]
 
     # 3. Forward and backward each micro-batch; gradients accumulate in .grad.
-    columns = batch_columns(batch)
     model.train()
     out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": len(plan)}
     for rows in plan:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import time
+from typing import Any
+
 import typer
 from rich.markup import escape
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
 from arlctl.cli.rollout import parse_env_options
-from arlctl.errors import TerminalError
-from arlctl.io.layout import resolve_io
+from arlctl.errors import TerminalError, UsageError
+from arlctl.io.layout import metrics_dir_for, resolve_io
 
 MAX_ROW_ERRORS_SHOWN = 10  # rows named on stderr per round; --json carries them all
 
@@ -23,9 +27,21 @@ output directory already holds (lineage), so it is safe after a crash or from cr
 
   arlctl reward --run runs/r1 --watch --poll 5 --worker 0/2      # a daemon taking half the shards
 
+  arlctl reward --run runs/mix --reward auto --reward-opt swe.sandbox=docker
+
+--reward auto scores each row with the reward registered under the row's own `env` (built in, or a
+plugin's `arlctl.rewards` entry point of that name); --reward-opt then takes ENV.KEY=VALUE. A row whose
+env has no reward gets reward = null with reward_info.error "no reward registered for env X", never 0.
+The rows of a `rollout --history per-turn` trajectory are scored once, on their last row, and all get
+that reward.
+
 A row whose task is not a JSON object, or that the reward function fails on, gets reward = null and
 reward_info {"error": cause}, named on stderr; its shard is still written. An unreadable input shard
 is reported (exit 1) after the others are rewarded; --quarantine moves it to _quarantine/ instead.
+When no row got a reward, or more than --max-error-frac of the rows got none, the command exits 1
+naming the most common cause, after writing its output. One metrics row per invocation goes to
+RUN/metrics/reward-*.parquet: rows, rewarded, errors, seconds and error_causes (JSON {cause: rows};
+"infra:" causes are the grader's, not the policy's).
 """
 
 
@@ -33,11 +49,12 @@ def register(app: typer.Typer) -> None:
     @app.command("reward", help=HELP)
     @handle_errors
     def reward_cmd(
-        reward: str = typer.Option("math", "--reward", help="Reward function: math, swe."),
+        reward: str = typer.Option("math", "--reward",
+                                   help="Reward function: math, swe, a plugin name, module:attr, or auto (per row env)."),
         run: str = typer.Option(None, "--run", help="Run directory: RUN/rollouts -> RUN/rewarded."),
         in_: str = typer.Option(None, "--in", help="Input shard directory."),
         out: str = typer.Option(None, "--out", help="Output shard directory."),
-        reward_opt: list[str] = typer.Option([], "--reward-opt", help="KEY=VALUE options of the reward."),
+        reward_opt: list[str] = typer.Option([], "--reward-opt", help="KEY=VALUE options of the reward (ENV.KEY=VALUE with --reward auto)."),
         concurrency: int = typer.Option(4, "--concurrency", help="Rows graded at once (sandboxed graders)."),
         quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt inputs to _quarantine/ and go on."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Score but write nothing."),
@@ -45,16 +62,20 @@ def register(app: typer.Typer) -> None:
         watch: bool = typer.Option(False, "--watch", help=WATCH_HELP),
         poll: float = typer.Option(5.0, "--poll", help=POLL_HELP),
         lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
+        max_error_frac: float = typer.Option(0.5, "--max-error-frac",
+                                             help="Exit 1 when more than this fraction of rows got no reward."),
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
     ) -> None:
         from arlctl.envs.registry import get_reward
         from arlctl.io.partition import parse_worker
-        from arlctl.stages.reward import RewardSummary, reward_dir
+        from arlctl.stages.reward import AutoReward, RewardSummary, reward_dir
 
+        if not 0.0 <= max_error_frac <= 1.0:
+            raise UsageError(f"--max-error-frac is a fraction in [0, 1], not {max_error_frac}")
         in_, out = resolve_io("reward", run, in_, out)
         shard = parse_worker(worker)
-        reward_options = parse_env_options(reward_opt)
-        fn = get_reward(reward, **reward_options)
+        reward_options = parse_env_options(reward_opt, "--reward-opt")
+        fn = AutoReward(per_env_options(reward_options)) if reward == "auto" else get_reward(reward, **reward_options)
         if reward == "swe" and not dry_run:  # the grader's sandbox must run pytest, or every row fails
             from arlctl.doctor import DoctorOptions, preflight, stage_checks
 
@@ -72,6 +93,7 @@ def register(app: typer.Typer) -> None:
             total.written += done.written
             total.corrupt += done.corrupt
             total.row_errors += done.row_errors
+            total.add_causes(done.error_causes)
             for line in done.row_errors[:MAX_ROW_ERRORS_SHOWN]:
                 console.print(f"[yellow]no reward[/] {escape(line)}", soft_wrap=True)
             if len(done.row_errors) > MAX_ROW_ERRORS_SHOWN:
@@ -79,11 +101,15 @@ def register(app: typer.Typer) -> None:
                               "(each has reward_info.error)")
             return done.as_dict()
 
+        started = time.monotonic()
         run_stage(once, out=out, lock_name="reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}",
                   watch=watch, poll=poll, lock_wait=lock_wait, dry_run=dry_run,
                   units=lambda summary: len(summary["written"]))
+        total.seconds = time.monotonic() - started
         summary = total.as_dict()
         summary["reward_version"] = fn.version
+        if not dry_run and summary["rows"]:
+            summary["metrics"] = write_reward_metrics(total, fn.version, metrics_dir_for(out, run))
         if as_json:
             print_json(summary)
         mean = "-" if summary["mean_reward"] is None else f"{summary['mean_reward']:.4f}"
@@ -97,3 +123,48 @@ def register(app: typer.Typer) -> None:
         if summary["rows"] and not total.rewarded:  # every row failed: a broken grader, not a 0 for the policy
             raise TerminalError(f"no row got a reward: all {summary['rows']} failed; first: {total.row_errors[0]}",
                                 hint="run `arlctl doctor`; the rows are written with reward_info.error")
+        check_error_frac(total, max_error_frac)
+
+
+def per_env_options(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """--reward-opt ENV.KEY=VALUE (for --reward auto) -> {env: {key: value}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in options.items():
+        env, dot, name = key.partition(".")
+        if not dot or not env or not name:
+            raise UsageError(f"with --reward auto, --reward-opt takes ENV.KEY=VALUE, got {key!r}",
+                             hint="e.g. --reward-opt swe.sandbox=docker (options go to that env's reward)")
+        out.setdefault(env, {})[name] = value
+    from arlctl.envs.registry import get_reward
+
+    for env, env_options in out.items():  # a wrong option is a usage error now, not on the first row
+        get_reward(env, **env_options)
+    return out
+
+
+def check_error_frac(total: Any, max_error_frac: float) -> None:
+    """Exit 1 (after the output is written) when too many rows got no reward; name the most common cause."""
+    errors = len(total.row_errors)
+    if not total.rows or errors / total.rows <= max_error_frac:
+        return
+    cause, count = max(total.error_causes.items(), key=lambda item: item[1]) if total.error_causes else ("?", errors)
+    raise TerminalError(f"{errors} of {total.rows} rows got no reward ({errors / total.rows:.0%} > --max-error-frac "
+                        f"{max_error_frac:g}); most common cause: {cause} ({count} rows); first: {total.row_errors[0]}",
+                        hint="the rows are written with reward_info.error; run `arlctl doctor` for infra: causes")
+
+
+def write_reward_metrics(total: Any, version: str, metrics_dir: str) -> str:
+    """One row per reward invocation in RUN/metrics (what `status` and `report` read)."""
+    import pyarrow as pa
+
+    from arlctl.io.fs import join
+    from arlctl.io.shards import shard_name, write_table_atomic
+
+    row = {"reward_version": version, "rows": total.rows, "rewarded": total.rewarded,
+           "errors": len(total.row_errors), "seconds": float(total.seconds),
+           "mean_reward": (total.reward_sum / total.rewarded) if total.rewarded else None,
+           "error_causes": json.dumps(total.error_causes, sort_keys=True)}
+    schema = pa.schema([("reward_version", pa.string()), ("rows", pa.int64()), ("rewarded", pa.int64()),
+                        ("errors", pa.int64()), ("seconds", pa.float64()), ("mean_reward", pa.float64()),
+                        ("error_causes", pa.string())])
+    return write_table_atomic(pa.Table.from_pylist([row], schema=schema), join(metrics_dir, shard_name("reward")))

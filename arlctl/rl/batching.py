@@ -7,6 +7,11 @@ Scoring runs the decoder once over prompt_ids + response_ids and applies the LM 
 whose next token is a trained (mask-1) token: in agentic rows most response tokens are environment
 output, and the [tokens x vocab] head and softmax dominate a small model's cost.
 
+Per-turn rows (`rollout --history per-turn`): each row is its own sequence (its prompt_ids are the
+template's rendering of the conversation before that turn) trained with its trajectory's advantage.
+`trajectory_shares` says how many trajectories a batch holds and what share of its trajectory's trained
+tokens each row has, so that the sequence-mean loss modes count a trajectory once, not once per turn.
+
 `nonfinite_rows` names the rows a trainer must not use: a NaN or infinite number where the loss reads it
 (a mask-1 behaviour log-prob, the advantage, the weight). Off-mask values are never read (losses.py).
 """
@@ -62,6 +67,30 @@ COLLATE_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "response_logp
 def batch_columns(table: pa.Table) -> dict[str, list]:
     """The columns collate needs, as Python lists: convert once per batch, not once per micro-batch."""
     return {name: table.column(name).to_pylist() for name in COLLATE_COLUMNS}
+
+
+def trajectory_shares(table: pa.Table) -> tuple[list[float], int]:
+    """(share per row, number of trajectories) of a batch shard.
+
+    A whole-trajectory row is one trajectory with share 1. The rows of a per-turn trajectory (same
+    trajectory_id, arlctl/turn_rows.py) count as one trajectory together, and row r's share is its mask-1
+    tokens over the trajectory's: sum_r share_r * token_mean_r is then the token mean over the trajectory.
+    """
+    from arlctl.turn_rows import CONTINUED, first_turn_indices
+
+    ids = table.column("trajectory_id").to_pylist()
+    reasons = table.column("finish_reason").to_pylist()
+    tokens = table.column("generated_tokens").to_pylist()
+    per_turn = [r == CONTINUED or i > 0 for r, i in zip(reasons, first_turn_indices(table), strict=True)]
+    traj_tokens: dict[str, int] = {}
+    for tid, turn, n in zip(ids, per_turn, tokens, strict=True):
+        if turn:
+            traj_tokens[tid] = traj_tokens.get(tid, 0) + n
+    turn_ids = {tid for tid, turn in zip(ids, per_turn, strict=True) if turn}
+    shares = [(n / traj_tokens[tid] if traj_tokens[tid] else 0.0) if tid in turn_ids else 1.0
+              for tid, n in zip(ids, tokens, strict=True)]
+    whole = sum(1 for tid in ids if tid not in turn_ids)
+    return shares, whole + len(turn_ids)
 
 
 def nonfinite_rows(cols: dict[str, list]) -> dict[int, str]:

@@ -320,7 +320,8 @@ def rollout_rows() -> list[dict]:
 
 def test_bad_task_json_gives_null_reward_with_a_cause_not_an_endless_failure(tmp_path):
     plant(rollout_rows(), tmp_path / "rollouts" / "part-1.parquet", Lineage("rollout"))
-    args = ("reward", "--in", tmp_path / "rollouts", "--out", tmp_path / "rewarded", "--reward", "math", "--json")
+    args = ("reward", "--in", tmp_path / "rollouts", "--out", tmp_path / "rewarded", "--reward", "math", "--json",
+            "--max-error-frac", "1")  # 4 of 6 rows fail on purpose; the default 0.5 would (rightly) exit 1
     result = cli(*args)
     assert result.exit_code == 0, result.output
     summary = last_json(result)
