@@ -17,6 +17,10 @@ Definitions (the rollout daemon's backpressure uses the same numbers, see README
   staleness    trained rows: (step - 1) - policy_version for a row trained at optimizer step `step` (the
                weights it updated had seen step - 1 batches; policy_version is the row's first, oldest
                turn). Waiting rows: trainer_version - policy_version.
+  by_env       per env (the rows' `env` column): rows written and waiting per shard directory, and the mean
+               reward of the rewarded rows in the newest `recent` rewarded shards.
+  error_causes per stage, the {cause: count} JSON column `error_causes` summed over ALL of the stage's
+               metrics files (causes "infra:..." are infrastructure failures, listed first).
 
 Shards are immutable, so each footer and column read is cached in a `ShardCache` that a caller polling
 repeatedly (the rollout daemon, the dashboard) keeps between calls.
@@ -266,6 +270,8 @@ def run_state(run: str, cache: ShardCache | None = None, recent: int = 10, in_fl
         "staleness": _staleness(scanned, cache),
         "reward_trend": _reward_trend(dirs["rewarded"].shards, cache, recent),
         "errors": _errors(RunDir(run).metrics, cache),
+        "error_causes": error_causes(RunDir(run).metrics, cache),
+        "by_env": _by_env(dirs, cache, recent),
         "corrupt_shards": corrupt,
     }
 
@@ -346,6 +352,76 @@ def _errors(metrics_url: str, cache: ShardCache) -> dict[str, Any]:
     return out
 
 
+def _env_rows(urls: list[str], cache: ShardCache) -> Counter[str]:
+    """Rows per env over the shards (only their `env` column is read)."""
+    counts: Counter[str] = Counter()
+    for url in urls:
+        table = cache.columns(url, ("env",))
+        if table is not None:
+            for item in table.column("env").value_counts().to_pylist():
+                counts[str(item["values"])] += int(item["counts"])
+    return counts
+
+
+def _by_env(dirs: dict[str, _Dir], cache: ShardCache, recent: int) -> dict[str, dict[str, Any]]:
+    """Per env and shard directory: rows written and rows waiting at the next stage; and the mean reward
+    of the rewarded rows in the newest `recent` rewarded shards (rows, like the reward trend)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def entry(env: str) -> dict[str, Any]:
+        return out.setdefault(env, {**{name: {"rows": 0, "waiting_rows": 0} for name in dirs},
+                                    "recent_reward": {"rows": 0, "mean_reward": None}})
+
+    for name, d in dirs.items():
+        for env, n in _env_rows(d.shards, cache).items():
+            entry(env)[name]["rows"] = n
+        for env, n in _env_rows(d.waiting(), cache).items():
+            entry(env)[name]["waiting_rows"] = n
+    sums: dict[str, list[float]] = {}
+    rewarded = dirs["rewarded"].shards
+    for url in rewarded[max(0, len(rewarded) - recent):]:
+        table = cache.columns(url, ("env", "reward"))
+        if table is None:
+            continue
+        for env, reward in zip(table.column("env").to_pylist(), table.column("reward").to_pylist()):
+            if reward is not None:
+                total = sums.setdefault(str(env), [0.0, 0])
+                total[0] += reward
+                total[1] += 1
+    for env, (total, n) in sums.items():
+        entry(env)["recent_reward"] = {"rows": n, "mean_reward": total / n}
+    return dict(sorted(out.items()))
+
+
+def error_causes(metrics_url: str, cache: ShardCache) -> dict[str, dict[str, int]]:
+    """Per stage, the `error_causes` JSON objects ({cause: count}) of ALL its metrics files summed; causes
+    ordered infrastructure ("infra:...") first, then by count. Files without the column are skipped."""
+    totals: dict[str, Counter[str]] = {}
+    for url in scan(metrics_url).shards:
+        stage = basename(url).split("-", 1)[0]
+        if stage not in STAGES:
+            continue
+        table = cache.columns(url, ("error_causes",))  # None: no such column (older file) or unreadable
+        if table is None:
+            continue
+        counts = totals.setdefault(stage, Counter())
+        for raw in table.column("error_causes").to_pylist():
+            counts.update(_parse_causes(raw))
+    return {stage: dict(sorted(counts.items(), key=lambda kv: (not kv[0].startswith("infra:"), -kv[1], kv[0])))
+            for stage, counts in totals.items()}
+
+
+def _parse_causes(raw: Any) -> dict[str, int]:
+    """One `error_causes` value; a value that is not a JSON object of counts adds nothing."""
+    try:
+        causes = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    except ValueError:
+        return {}
+    if not isinstance(causes, dict):
+        return {}
+    return {str(k): int(v) for k, v in causes.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 # -------------------------------------------------------------------------------------------- rendering
 def _ago(stamp: float | None, now: float) -> str:
     if not stamp:
@@ -404,10 +480,36 @@ def render(state: dict[str, Any], stage_status: dict[str, str] | None = None) ->
         + ("   by version: " + " ".join(f"v{p['policy_version']}={p['mean_reward']:.2f}" for p in versions)
            if versions else ""),
     ]
+    lines += _cause_lines(state.get("error_causes") or {})
     if state.get("corrupt_shards"):
         lines.append(f"[red]corrupt shards: {', '.join(state['corrupt_shards'][:3])}[/]")
-    return Panel(Group(table, *[Text.from_markup(line) for line in lines]), title=f"arlctl run {state['run']}",
-                 title_align="left")
+    parts: list[Any] = [table, *[Text.from_markup(line) for line in lines]]
+    if len(state.get("by_env") or {}) > 1:
+        parts.append(_by_env_table(state["by_env"]))
+    return Panel(Group(*parts), title=f"arlctl run {state['run']}", title_align="left")
+
+
+def _cause_lines(causes: dict[str, dict[str, int]]) -> list[str]:
+    from rich.markup import escape
+
+    return [f"error causes {stage}: " + escape(" ".join(f"{cause}={n}" for cause, n in counts.items()))
+            for stage, counts in causes.items() if counts]
+
+
+def _by_env_table(by_env: dict[str, dict[str, Any]]) -> Any:
+    """env | rows written/waiting per shard directory | mean reward of recent rewarded rows."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, header_style="bold", title="by env", title_justify="left")
+    for name in ("env", "rollouts", "rewarded", "batches", "recent reward"):
+        table.add_column(name, justify="left" if name == "env" else "right")
+    for env, info in by_env.items():
+        dirs = [f"{info[d]['rows']}/{info[d]['waiting_rows']} waiting" for d in ("rollouts", "rewarded", "batches")]
+        recent = info["recent_reward"]
+        reward = "-" if recent["mean_reward"] is None else f"{recent['mean_reward']:.2f} ({recent['rows']})"
+        table.add_row(Text(env), *dirs, reward)  # Text: env names come from shard data, never markup
+    return table
 
 
 def _fmt(value: float | None) -> str:
@@ -418,4 +520,5 @@ def _hist(hist: dict[str, int]) -> str:
     return "{" + ", ".join(f"{k}:{v}" for k, v in hist.items()) + "}" if hist else ""
 
 
-__all__ = ["Footer", "ShardCache", "backlog", "published_policy", "render", "run_state", "trainer_progress"]
+__all__ = ["Footer", "ShardCache", "backlog", "error_causes", "published_policy", "render", "run_state",
+           "trainer_progress"]

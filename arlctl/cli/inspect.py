@@ -9,7 +9,7 @@ from rich.table import Table
 
 from arlctl.cli.common import console, handle_errors, plain, print_json
 from arlctl.cli.query import gather_shards
-from arlctl.io.duck import connect
+from arlctl.io.duck import VIEW, connect
 from arlctl.stats import inspect_stats
 
 HELP = """Summarise shards: rows, groups, statuses, rewards, advantages, policy versions and lag,
@@ -29,12 +29,40 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
     ) -> None:
         shards = gather_shards(paths)
-        stats = inspect_stats(connect(shards))
+        con = connect(shards)
+        stats = inspect_stats(con)
         stats["shards"] = len(shards)
+        stats["by_env"] = by_env(con)
         if as_json:
             print_json(stats)
             return
         _render(stats)
+
+
+def by_env(con: Any) -> dict[str, dict[str, Any]]:
+    """Per env: rows, trajectories, groups, row counts by status, rewarded trajectories and their mean
+    reward (None when none is rewarded), mean turns per trajectory.
+
+    Counted per trajectory so that `--history per-turn` rows (n rows of one turn each, sharing
+    trajectory_id and a copied reward) weigh a trajectory once, as whole-trajectory rows do.
+    """
+    trajectories = con.execute(f"""
+        with t as (select env, trajectory_id, any_value(group_id) as group_id, max(reward) as reward,
+                          sum(num_turns) as turns, count(*) as rows
+                   from {VIEW} group by env, trajectory_id)
+        select env, sum(rows)::bigint, count(*), count(distinct group_id), count(reward), avg(reward), avg(turns)
+        from t group by env order by env""").fetchall()
+    statuses: dict[str, dict[str, int]] = {}
+    for env, status, n in con.execute(
+            f"select env, status, count(*) from {VIEW} group by 1, 2 order by 1, 3 desc, 2").fetchall():
+        statuses.setdefault(str(env), {})[str(status)] = int(n)
+    out: dict[str, dict[str, Any]] = {}
+    for env, rows, n_traj, groups, rewarded, mean_reward, mean_turns in trajectories:
+        out[str(env)] = {"rows": int(rows), "trajectories": int(n_traj), "groups": int(groups),
+                         "status": statuses.get(str(env), {}), "rewarded": int(rewarded),
+                         "mean_reward": None if mean_reward is None else round(float(mean_reward), 4),
+                         "mean_turns": None if mean_turns is None else round(float(mean_turns), 4)}
+    return out
 
 
 def _kv_table(title: str, data: dict[str, Any]) -> Table:
@@ -63,3 +91,16 @@ def _render(stats: dict[str, Any]) -> None:
         for row in per_env:
             table.add_row(*[plain("-" if v is None else str(v)) for v in row.values()])
         console.print(table)
+    if len(stats["by_env"]) > 1:
+        console.print(_by_env_table(stats["by_env"]))
+
+
+def _by_env_table(envs: dict[str, dict[str, Any]]) -> Table:
+    table = Table("env", "rows", "groups", "status", "mean reward", "mean turns", title="by env",
+                  title_justify="left")
+    for env, info in envs.items():
+        status = " ".join(f"{name}={n}" for name, n in info["status"].items())
+        reward = "-" if info["mean_reward"] is None else f"{info['mean_reward']:.3f} ({info['rewarded']})"
+        table.add_row(plain(env), str(info["rows"]), str(info["groups"]), plain(status), reward,
+                      "-" if info["mean_turns"] is None else f"{info['mean_turns']:.2f}")
+    return table
