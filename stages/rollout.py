@@ -27,15 +27,15 @@ import numbers
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from arlctl.envs.base import Action, Env, EnvFailure, StepResult
 from arlctl.inference.base import Generation, Policy, SamplingParams
-from arlctl.inference.chat import ChatCodec
+from arlctl.inference.chat import ChatCodec, Segment
 from arlctl.schemas.rows import TrajectoryRow, Turn
-from arlctl.tools import parse_tool_calls
+from arlctl.tools import TOOL_CALL_FORMATS, parse_tool_calls, parser_for_template
 
 
 @dataclass
@@ -55,8 +55,10 @@ class RolloutConfig:
     seed: int | None = None
     retries: int = 3
     retry_backoff: float = 0.5
-    tool_format: str = "hermes"
+    tool_format: str | None = None  # tool-call parser; None: the one the chat template's family uses
     max_top_up: int = 0  # per group: members that end env_error (infrastructure) are resampled this often
+    history: str = "full"  # "full": one prefix-consistent row per trajectory; "per-turn": one row per turn
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template variables
 
     def sampling(self, max_new_tokens: int, seed: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens,
@@ -78,11 +80,25 @@ class Stats:
     env_time_s: float = 0.0
     errors: int = 0
     last_error: str | None = None
+    causes: dict[str, int] = field(default_factory=dict)  # error cause -> count; "infra:" = not the model's
+    outcomes: dict[str, int] = field(default_factory=dict)  # final status -> trajectories (not rows)
+    template_rewrites_history: bool = False  # the chat template re-renders earlier turns (think gate)
     top_ups: int = 0  # env_error members resampled (same task, new seed) to keep groups at G
     groups_started: int = 0
     epoch: int = 0  # the epoch whose tasks are being issued
     epochs_done: int = 0  # epochs whose every group has been started
     started: float = field(default_factory=time.monotonic)
+
+    def fault(self, cause: str, message: str) -> None:
+        """Count one error under its cause and keep its message as the last error."""
+        self.errors += 1
+        self.causes[cause] = self.causes.get(cause, 0) + 1
+        self.last_error = parquet_safe(message)
+
+    def error_fraction(self) -> float:
+        """Share of finished trajectories that ended env_error or policy_error."""
+        failed = self.outcomes.get("env_error", 0) + self.outcomes.get("policy_error", 0)
+        return failed / max(sum(self.outcomes.values()), 1)
 
     def tokens_per_s(self) -> float:
         return self.generated_tokens / max(time.monotonic() - self.started, 1e-9)
@@ -105,6 +121,10 @@ class _Trajectory:
             policy_version=policy.version, policy_version_last=policy.version, started_at=datetime.now(UTC),
         )
         self.t0 = time.monotonic()
+        # --history per-turn: each turn's own prompt (the template's rendering of the conversation so
+        # far) and the (assistant content, observations) pairs it is rendered from.
+        self.turn_prompts: list[Segment] = []
+        self.history: list[tuple[str, list[dict[str, Any]]]] = []
 
     def add_generation(self, gen: Generation, text: str, calls: list[dict[str, Any]], latency: float) -> Turn:
         row = self.row
@@ -133,6 +153,34 @@ class _Trajectory:
         row.finished_at = datetime.now(UTC)
         row.wall_time_s = time.monotonic() - self.t0
         return row
+
+    def turn_rows(self) -> list[TrajectoryRow]:
+        """--history per-turn: the finished trajectory as one row per turn.
+
+        Row k: the template's own prompt for turn k and that turn's sampled ids (mask 1), nothing after.
+        All rows share trajectory_id, group and the trajectory's status; all but the last have
+        finish_reason "continued", the last keeps the real one and the final state. A trajectory that
+        never reached a turn stays one row.
+        """
+        row = self.row
+        if not row.turns:
+            return [row]
+        rows = []
+        last = len(row.turns) - 1
+        for k, turn in enumerate(row.turns):
+            span = slice(turn.gen_start, turn.gen_start + turn.gen_len)
+            prompt = self.turn_prompts[k]
+            rows.append(replace(
+                row, prompt_text=prompt.text, prompt_ids=list(prompt.ids), response_ids=row.response_ids[span],
+                response_mask=[1] * turn.gen_len, response_logprobs=row.response_logprobs[span],
+                turns=[replace(turn, gen_start=0, obs_len=0)],
+                finish_reason=row.finish_reason if k == last else "continued",
+                final_state=row.final_state if k == last else None,
+                policy_version=turn.policy_version, policy_version_last=turn.policy_version,
+                num_tool_calls=len(turn.tool_calls), env_errors=int(bool(turn.error)),
+                retries=row.retries if k == last else 0,
+                gen_time_s=turn.gen_latency_s, env_time_s=turn.env_latency_s))
+        return rows
 
 
 # ------------------------------------------------------------------------------------------- text safety
@@ -253,11 +301,22 @@ def _truncate_observation(codec: ChatCodec, content: str, max_tokens: int) -> st
 
 
 def parse_action(env: Env, text: str, tools: list[dict[str, Any]], tool_format: str) -> Action:
-    parser = getattr(env, "parse_action", None)
-    if parser is not None:
-        return parser(text)
+    """The turn's tool calls, read by the family's parser (`tool_format`) against the env's tools.
+
+    An env whose `tool_format` is a tool-call format (hermes, llama3-json, mistral) gets the family's
+    parser, so the same env works under every chat template; an env with its own convention (fenced
+    bash blocks, or a `parse_action` and no tool-call `tool_format`) parses its own turns.
+    """
+    own = getattr(env, "parse_action", None)
+    if own is not None and getattr(env, "tool_format", None) not in TOOL_CALL_FORMATS:
+        return own(text)
     calls, errors = parse_tool_calls(text, tool_format, tools)
     return Action(text=text, tool_calls=calls, parse_errors=errors)
+
+
+def tool_parser_for(codec: ChatCodec, cfg: RolloutConfig) -> str:
+    """--tool-parser when given, else the parser of the chat template's family."""
+    return cfg.tool_format or parser_for_template(codec.chat_template)
 
 
 def _safe_action(action: Action) -> Action:
@@ -310,61 +369,89 @@ async def run_trajectory(traj: _Trajectory, policy: Policy, env: Env, codec: Cha
                          stats: Stats, turn_hook: Callable[[], Awaitable[None]] | None = None) -> TrajectoryRow:
     """One episode, start to finish. Bounded by cfg; every fault ends up recorded in the row."""
     row = traj.row
-    row.env_version = getattr(env, "version", "")
+    row.env_version = _as_text(getattr(env, "version", "")) or ""
     try:
         # Reset may wait for a free sandbox, so it gets the trajectory's budget, not a step's.
         reset = await asyncio.wait_for(env.reset(traj.task), cfg.trajectory_timeout)
     except Exception as err:  # includes the reset timing out
         row.env_errors += 1
-        stats.errors += 1
-        stats.last_error = f"reset failed: {type(err).__name__}: {err}"
+        cause = ("infra:reset_timeout" if isinstance(err, TimeoutError)
+                 else "infra:reset_failed" if isinstance(err, EnvFailure) else "reset_error")
+        stats.fault(cause, f"reset failed: {type(err).__name__}: {err}")
         return traj.finish("env_error", "error")
     # A plugin env may put unencodable text in its messages; the tokenizer refuses lone surrogates.
-    prompt = codec.prompt(parquet_safe_value(reset.messages), reset.tools)
+    messages = parquet_safe_value(reset.messages)
+    prompt = codec.prompt(messages, reset.tools)
     row.prompt_text, row.prompt_ids = prompt.text, prompt.ids
     deadline = traj.t0 + cfg.trajectory_timeout
     try:
         async with asyncio.timeout_at(asyncio.get_running_loop().time() + (deadline - time.monotonic())):
-            return await _turns(traj, policy, env, codec, cfg, stats, reset.tools, turn_hook)
+            return await _turns(traj, policy, env, codec, cfg, stats, messages, reset.tools, turn_hook)
     except TimeoutError:
-        stats.errors += 1
+        stats.fault("timeout", f"trajectory timed out after {cfg.trajectory_timeout:g}s")
         return traj.finish("timeout", "timeout")
 
 
+def _next_context(traj: _Trajectory, codec: ChatCodec, cfg: RolloutConfig, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """(the ids the next turn generates from, response tokens used so far).
+
+    Full history: the prompt plus every recorded id. Per-turn: the template's own rendering of the
+    conversation so far; the tokens it adds beyond the first prompt count against --max-tokens the way
+    the observation segments do in full history.
+    """
+    row = traj.row
+    if cfg.history != "per-turn":
+        return row.prompt_ids + row.response_ids, len(row.response_ids)
+    if not traj.history:
+        prompt = Segment(row.prompt_text, row.prompt_ids)
+    else:
+        prompt = codec.turn_prompt(messages, tools, traj.history)
+    traj.turn_prompts.append(prompt)
+    return prompt.ids, len(prompt.ids) - len(row.prompt_ids)
+
+
 async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, cfg: RolloutConfig,
-                 stats: Stats, tools: list[dict[str, Any]],
+                 stats: Stats, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  turn_hook: Callable[[], Awaitable[None]] | None) -> TrajectoryRow:
     row = traj.row
+    tool_format = tool_parser_for(codec, cfg)
     for turn_index in range(cfg.max_turns):
         # 1. Budget: never exceed the response budget or the model's context.
-        context = len(row.prompt_ids) + len(row.response_ids)
-        budget = min(cfg.max_new_tokens, cfg.max_tokens - len(row.response_ids), cfg.max_context - context)
+        context, used = _next_context(traj, codec, cfg, messages, tools)
+        budget = min(cfg.max_new_tokens, cfg.max_tokens - used, cfg.max_context - len(context))
         if budget <= 0:
+            if traj.turn_prompts and len(traj.turn_prompts) > len(row.turns):
+                traj.turn_prompts.pop()  # no turn was generated from it
             return traj.finish("truncated", "max_tokens")
         if turn_hook is not None:
             await turn_hook()  # weight reloads happen only here, at a turn boundary
         # 2. Generate from the exact ids so far.
         t_gen = time.monotonic()
         try:
-            gen = await _generate(policy, row.prompt_ids + row.response_ids,
-                                  cfg.sampling(budget, _turn_seed(cfg.seed, traj, turn_index)),
+            gen = await _generate(policy, context, cfg.sampling(budget, _turn_seed(cfg.seed, traj, turn_index)),
                                   cfg, traj)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            stats.errors += 1
-            message = f"policy error: {type(err).__name__}: {err}"
-            stats.last_error = message  # in the summary and the metrics row even when no turn exists yet
+        except asyncio.CancelledError as err:
+            if _being_cancelled():
+                raise
+            message = f"policy error: the backend cancelled the generation ({err or 'CancelledError'})"
+            stats.fault("policy_error", message)
             if row.turns:
-                row.turns[-1].error = row.turns[-1].error or message
+                row.turns[-1].error = row.turns[-1].error or parquet_safe(message)
+            return traj.finish("policy_error", "error")
+        except Exception as err:
+            message = f"policy error: {type(err).__name__}: {err}"
+            stats.fault("policy_error", message)  # in the summary and the metrics row even with no turn yet
+            if row.turns:
+                row.turns[-1].error = row.turns[-1].error or parquet_safe(message)
             return traj.finish("policy_error", "error")
         text, glue = codec.split_generation(gen.ids)
-        action = _safe_action(parse_action(env, text, tools, cfg.tool_format))
+        action = _safe_action(parse_action(env, text, tools, tool_format))
         calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in action.tool_calls]
         turn = traj.add_generation(gen, text, calls, time.monotonic() - t_gen)
         stats.generated_tokens += len(gen.ids)
         row.num_tool_calls += len(action.tool_calls)
-        cut = gen.finish_reason == "length" and len(row.response_ids) >= cfg.max_tokens
+        cut = gen.finish_reason == "length" and used + len(gen.ids) >= cfg.max_tokens
         # 3. Step the environment (the slow part; other trajectories generate meanwhile).
         t_env = time.monotonic()
         result, error = await _step(env, action, cfg)
@@ -376,7 +463,8 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
         turn.error = error or result.error
         if turn.error:
             row.env_errors += 1
-            stats.errors += 1
+            stats.fault("step_timeout" if error and error.startswith("error: timeout:") else "tool_error",
+                        str(turn.error))
         if result.done:
             row.final_state = result.final_state
             cut = _artifact_cut(env)
@@ -393,8 +481,13 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
                          "content": _truncate_observation(codec, parquet_safe(str(m.get("content", ""))),
                                                           cfg.max_obs_tokens)}
                         for m in result.observations]
-        segment = codec.continuation(glue, observations)
-        traj.add_observation(turn, segment.ids, "\n".join(str(m["content"]) for m in observations))
+        shown = "\n".join(str(m["content"]) for m in observations)
+        if cfg.history == "per-turn":
+            traj.history.append((text, observations))  # the next turn's prompt renders it
+            traj.add_observation(turn, [], shown)
+        else:
+            segment = codec.continuation(glue, observations)
+            traj.add_observation(turn, segment.ids, shown)
     return traj.finish("ok", "max_turns")
 
 
@@ -403,12 +496,21 @@ async def _turns(traj: _Trajectory, policy: Policy, env: Env, codec: ChatCodec, 
 GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
 
 
+EnvChooser = Callable[[str], Callable[[], Env]]  # env name -> factory (per-row `env`, --env-mix)
+
+
 async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[[], Env], codec: ChatCodec,
                     cfg: RolloutConfig, stats: Stats, slots: asyncio.Semaphore,
-                    turn_hook: Callable[[], Awaitable[None]] | None = None, epoch: int = 0) -> list[TrajectoryRow]:
-    """The G samples of one task; a group is always returned whole (aborted members included)."""
+                    turn_hook: Callable[[], Awaitable[None]] | None = None, epoch: int = 0,
+                    env_for: EnvChooser | None = None) -> list[TrajectoryRow]:
+    """The G samples of one task; a group is always returned whole (aborted members included).
+
+    env_for: when given, the group runs the env named by the task's own "env" field (cfg.env if it has
+    none); an env that cannot be made ends the group's rows as env_error with the cause.
+    """
     group_id = str(uuid.uuid4())
-    trajs = [_Trajectory(task, group_id, i, cfg.env, policy, epoch) for i in range(cfg.group_size)]
+    env_name = str(task.get("env") or cfg.env) if env_for is not None else cfg.env
+    trajs = [_Trajectory(task, group_id, i, env_name, policy, epoch) for i in range(cfg.group_size)]
     top_ups_left = [cfg.max_top_up]
 
     async def member(index: int) -> TrajectoryRow:
@@ -418,8 +520,9 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
         while row.status == "env_error" and top_ups_left[0] > 0:
             top_ups_left[0] -= 1
             stats.top_ups += 1
-            trajs[index] = _Trajectory(task, group_id, index, cfg.env, policy, epoch, trajs[index].attempt + 1)
+            trajs[index] = _Trajectory(task, group_id, index, env_name, policy, epoch, trajs[index].attempt + 1)
             row = await one(trajs[index])
+        stats.outcomes[row.status] = stats.outcomes.get(row.status, 0) + 1
         return row
 
     async def one(traj: _Trajectory) -> TrajectoryRow:
@@ -427,37 +530,85 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
             stats.in_flight += 1
             env: Env | None = None
             try:
-                env = env_factory()
+                env = (env_for(env_name) if env_for is not None else env_factory)()
                 row = await run_trajectory(traj, policy, env, codec, cfg, stats, turn_hook)
                 if row.final_state is None and row.turns and hasattr(env, "final_state"):
                     await _final_state_after_bound(row, env, cfg, stats)
                 return row
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as err:
+                if _being_cancelled():
+                    raise  # the rollout is stopping: the group turns this into aborted rows
+                return _crashed(traj, err, stats)  # an env or backend cancelled its own work
             except Exception as err:  # a bug or a hostile value anywhere above: a row with a status, not a lost group
                 return _crashed(traj, err, stats)
             finally:
                 stats.in_flight -= 1
                 stats.trajectories_done += 1
                 if env is not None:
-                    try:
-                        await asyncio.shield(env.close())
-                    except Exception:
-                        pass
+                    await _close_env(env, cfg, stats)
 
     tasks = [asyncio.ensure_future(member(i)) for i in range(len(trajs))]
     try:
-        rows = await asyncio.gather(*tasks)
+        # return_exceptions: one member that raised never leaves its siblings running unawaited
+        results = await asyncio.gather(*tasks, return_exceptions=True)
     except asyncio.CancelledError:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         rows = [t.result() if t.done() and not t.cancelled() and t.exception() is None
-                else trajs[i].finish("aborted", "error") for i, t in enumerate(tasks)]
+                else _aborted(trajs[i], stats) for i, t in enumerate(tasks)]
         stats.groups_done += 1
-        raise GroupAborted(rows) from None
+        raise GroupAborted(_emit(cfg, trajs, rows)) from None
+    rows = [r if isinstance(r, TrajectoryRow) else _crashed(trajs[i], r, stats) for i, r in enumerate(results)]
     stats.groups_done += 1
-    return list(rows)
+    return _emit(cfg, trajs, rows)
+
+
+def _being_cancelled() -> bool:
+    """True when the current task has a cancellation request pending (a stop), not a stray CancelledError."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _aborted(traj: _Trajectory, stats: Stats) -> TrajectoryRow:
+    stats.outcomes["aborted"] = stats.outcomes.get("aborted", 0) + 1
+    return traj.finish("aborted", "error")
+
+
+def _emit(cfg: RolloutConfig, trajs: list[_Trajectory], rows: list[TrajectoryRow]) -> list[TrajectoryRow]:
+    """The group's rows as written: one per trajectory, or one per turn with --history per-turn."""
+    if cfg.history != "per-turn":
+        return rows
+    return [turn_row for traj in trajs for turn_row in traj.turn_rows()]
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Done callback: mark a background future's outcome as seen (no "exception was never retrieved")."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+async def _close_env(env: Env, cfg: RolloutConfig, stats: Stats) -> None:
+    """Close an env, bounded by the step timeout; a close that fails or hangs is counted, never raised.
+
+    The row is already final: a broken close says nothing about the trajectory, but it is not hidden.
+    """
+    try:
+        closing = asyncio.ensure_future(env.close())
+    except Exception as err:  # close() missing or not a coroutine
+        stats.fault("close_error", f"env close failed: {type(err).__name__}: {err}")
+        return
+    closing.add_done_callback(_retrieve)
+    try:
+        await asyncio.wait_for(asyncio.shield(closing), cfg.step_timeout)
+    except TimeoutError:
+        stats.fault("infra:close_timeout", f"env close did not finish within {cfg.step_timeout:g}s")
+    except asyncio.CancelledError:
+        if _being_cancelled():
+            raise
+        stats.fault("close_error", "env close was cancelled")
+    except Exception as err:
+        stats.fault("close_error", f"env close failed: {type(err).__name__}: {err}")
 
 
 async def _final_state_after_bound(row: TrajectoryRow, env: Env, cfg: RolloutConfig, stats: Stats) -> None:
@@ -465,9 +616,12 @@ async def _final_state_after_bound(row: TrajectoryRow, env: Env, cfg: RolloutCon
     try:
         row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)  # type: ignore[attr-defined]
     except Exception as err:
-        stats.last_error = f"final_state failed: {type(err).__name__}: {err}"
-        if isinstance(err, EnvFailure):  # no artifact to grade because the env broke: not the model's 0
-            stats.errors += 1
+        message = f"final_state failed: {type(err).__name__}: {err}"
+        if not isinstance(err, EnvFailure | TimeoutError):  # counted; graded on what the row has
+            stats.fault("final_state_error", message)
+        else:  # no artifact to grade because the env broke or hung: not the model's 0
+            stats.fault("infra:final_state_timeout" if isinstance(err, TimeoutError)
+                        else "infra:final_state_failed", message)
             row.status, row.finish_reason, row.env_errors = "env_error", "error", row.env_errors + 1
             if row.turns:
                 row.turns[-1].error = row.turns[-1].error or parquet_safe(stats.last_error)
@@ -491,16 +645,37 @@ def _artifact_cut(env: Env) -> str | None:
     return str(reason) if reason else None
 
 
-def _crashed(traj: _Trajectory, err: Exception, stats: Stats) -> TrajectoryRow:
-    """End a trajectory that raised out of the loop as env_error, its cause in the stats and last turn."""
+def _crashed(traj: _Trajectory, err: BaseException, stats: Stats) -> TrajectoryRow:
+    """End a trajectory that raised out of the loop as env_error, its cause in the stats and last turn.
+
+    An EnvFailure (the sandbox died) is infrastructure; a CancelledError that did not come from stopping
+    the rollout (an env cancelled its own work) and any other exception (a bug, a hostile value) are
+    counted as crashes.
+    """
     message = parquet_safe(f"rollout error: {type(err).__name__}: {err}")
-    stats.errors += 1
-    stats.last_error = message
+    cause = ("infra:env_failure" if isinstance(err, EnvFailure)
+             else "cancelled" if isinstance(err, asyncio.CancelledError) else "crash")
+    stats.fault(cause, message)
     row = traj.row
     if row.turns:
         row.turns[-1].error = row.turns[-1].error or message
     row.env_errors += 1
     return traj.finish("env_error", "error")
+
+
+def _failed_group(task: Any, policy: Policy, cfg: RolloutConfig, epoch: int, stats: Stats) -> list[TrajectoryRow]:
+    """G env_error rows for a group that could not be set up, so the failure is in the output, not only
+    in the summary. A task that is not a JSON object is kept as its repr."""
+    kept = task if isinstance(task, dict) else {"task_id": "", "invalid_task": repr(task)[:1000]}
+    try:
+        group_id = str(uuid.uuid4())
+        name = str(kept.get("env") or cfg.env)
+        rows = [_Trajectory(kept, group_id, i, name, policy, epoch).finish("env_error", "error")
+                for i in range(cfg.group_size)]
+    except Exception:
+        return []  # nothing sensible can be built; the cause is already counted
+    stats.outcomes["env_error"] = stats.outcomes.get("env_error", 0) + len(rows)
+    return rows
 
 
 class GroupAborted(Exception):
@@ -516,7 +691,8 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
                   stop: asyncio.Event | None = None,
                   turn_hook: Callable[[], Awaitable[None]] | None = None,
                   epochs: int | None = 1,
-                  before_group: Callable[[], Awaitable[None]] | None = None) -> Stats:
+                  before_group: Callable[[], Awaitable[None]] | None = None,
+                  env_for: EnvChooser | None = None) -> Stats:
     """Run every task as a group of cfg.group_size trajectories, handing each finished group to sink.
 
     At most cfg.concurrency trajectories are in flight. When `stop` is set, no new group starts and the
@@ -526,11 +702,13 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     epochs: how many passes over `tasks` (None: until stopped). Epoch e > 0 seeds its sampling with e,
         so with a --seed the passes differ yet stay reproducible.
     before_group: awaited before each new group starts (daemon backpressure); a stop cuts it short.
+    env_for: env name -> factory; each group then runs the env its task names (per-row `env`, --env-mix).
     """
     stats = stats or Stats()
     stop = stop or asyncio.Event()
     task_list = tasks if epochs == 1 else list(tasks)  # one pass may stream; epochs re-iterate a list
-    codec = ChatCodec(policy.tokenizer)
+    codec = ChatCodec(policy.tokenizer, cfg.template_kwargs)
+    stats.template_rewrites_history = codec.rewrites_history
     slots = asyncio.Semaphore(cfg.concurrency)
     # Keep enough groups started that every trajectory slot stays busy, but not the whole task list.
     group_slots = asyncio.Semaphore(max(1, -(-cfg.concurrency // cfg.group_size) + 1))
@@ -540,17 +718,16 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
 
     async def one_group(task: dict[str, Any], epoch: int) -> None:
         runner = asyncio.ensure_future(
-            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch))
+            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch, env_for))
         running.add(runner)
         try:
             rows = await asyncio.shield(runner)
         except GroupAborted as aborted:
             rows = aborted.rows
         except Exception as err:  # the group could not even be set up (e.g. a task that is not a dict)
-            stats.errors += 1
+            stats.fault("group_error", f"group failed: {type(err).__name__}: {err}")
             stats.groups_done += 1
-            stats.last_error = parquet_safe(f"group failed: {type(err).__name__}: {err}")
-            return
+            rows = _failed_group(task, policy, cfg, epoch, stats)
         finally:
             running.discard(runner)
             group_slots.release()

@@ -65,8 +65,20 @@ def register(app: typer.Typer) -> None:
     @app.command("rollout", help=HELP)
     @handle_errors
     def rollout_cmd(
-        env: str = typer.Option("math", "--env", help="Environment: math, swe."),
-        tasks: str = typer.Option(None, "--tasks", help="builtin:NAME?opts or a JSONL file (default builtin:ENV)."),
+        env: str = typer.Option(None, "--env", help="Environment: math, swe, a plugin name or module:factory "
+                                "(default: each task's own \"env\" field, else math)."),
+        tasks: list[str] = typer.Option([], "--tasks", help="builtin:NAME?opts or a JSONL file (default builtin:ENV); "
+                                        "with --env-mix, repeat as ENV=SOURCE."),
+        env_mix: str = typer.Option(None, "--env-mix", help="Sample groups across envs at these ratios, e.g. "
+                                    "'swe:0.7,math:0.3' (tasks per env from --tasks ENV=SOURCE or builtin)."),
+        history: str = typer.Option("full", "--history", help="full: one prefix-consistent row per trajectory; "
+                                    "per-turn: one row per turn, each rendered by the chat template itself."),
+        chat_template_kwargs: list[str] = typer.Option(
+            [], "--chat-template-kwargs", help="KEY=VALUE for the chat template (repeatable), e.g. enable_thinking=false."),
+        tool_parser: str = typer.Option(None, "--tool-parser", help="Tool-call parser: hermes, llama3-json, mistral "
+                                        "(default: the one of the chat template's family)."),
+        max_error_frac: float = typer.Option(0.5, "--max-error-frac", help="Exit 1 when more than this share of "
+                                             "trajectories ends env_error or policy_error."),
         policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny."),
         backend: str = typer.Option("hf", "--backend", help="Inference backend: hf, vllm, openai."),
         server: list[str] = typer.Option([], "--server", help="openai backend: server URL (repeatable)."),
@@ -114,18 +126,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     ) -> None:
-        from arlctl.envs.registry import make_env, resolve_env
-        from arlctl.envs.tasks import load_tasks
         from arlctl.io.partition import owns, parse_worker
         from arlctl.stages.rollout import RolloutConfig
 
         check_sampling_options(temperature, top_p, max_new_tokens, seed)
-        resolve_env(env)  # an unknown or broken --env (a plugin spec too) is a usage error before any work
+        check_loop_options(history, tool_parser, max_error_frac)
+        template_kwargs = parse_template_kwargs(chat_template_kwargs)
         if max_top_up < 0:
             raise UsageError(f"--max-top-up must be >= 0, got {max_top_up}")
-        task_list = load_tasks(tasks or f"builtin:{env}", env=env)
-        if limit is not None:
-            task_list = task_list[:limit]
+        task_list, env = load_task_list(env, tasks, env_mix, limit, seed)
         share = parse_worker(worker)
         task_list = [t for t in task_list if owns(str(t.get("task_id", "")), *share)]
         options = parse_env_options(env_opt)
@@ -135,21 +144,25 @@ def register(app: typer.Typer) -> None:
             options["sandboxes"] = sandboxes
         if insecure_sandbox:
             options["insecure_sandbox"] = True
+        picker = EnvPicker(options)
+        env_names = picker.check(task_list, env)  # unknown envs or options: a usage error before any work
         if dry_run:
-            _dry_run(task_list, env, options, policy)
+            _dry_run(task_list, picker, policy, template_kwargs)
             return
         from arlctl.doctor import DoctorOptions, preflight, stage_checks
 
-        checks = stage_checks(env, options.get("sandbox"), backend)
-        if checks:  # a missing sandbox backend or vLLM is one usage error with its fix, before any work
-            preflight(checks, DoctorOptions(sandbox=options.get("sandbox") or "bwrap", backend=backend))
+        for name in env_names:
+            checks = stage_checks(name, options.get("sandbox"), backend)
+            if checks:  # a missing sandbox backend or vLLM is one usage error with its fix, before any work
+                preflight(checks, DoctorOptions(sandbox=options.get("sandbox") or "bwrap", backend=backend))
         _, out = resolve_io("rollout", run, None, out)
         daemon = _daemon_options(watch, max_epochs, poll, max_pending, max_staleness, group_size, policy, run, out)
         cfg = RolloutConfig(env=env, group_size=group_size, concurrency=concurrency, max_turns=max_turns,
                             max_tokens=max_tokens, max_new_tokens=max_new_tokens, step_timeout=step_timeout,
                             trajectory_timeout=trajectory_timeout, max_obs_tokens=max_obs_tokens,
                             temperature=temperature, top_p=top_p, seed=seed,
-                            max_top_up=max_top_up if top_up else 0)
+                            max_top_up=max_top_up if top_up else 0, history=history, tool_format=tool_parser,
+                            template_kwargs=template_kwargs)
         from arlctl.inference.loader import load_policy
         from arlctl.io.lock import RunLock
 
@@ -162,13 +175,14 @@ def register(app: typer.Typer) -> None:
         with RunLock(out, lock_name, wait_s=lock_wait):
             pol = load_policy(policy, backend=backend, **backend_opts)
             cfg.max_context = int(getattr(pol, "max_context", None) or cfg.max_context)
-            spec = {"tasks": tasks or f"builtin:{env}", "policy": policy, **cfg.as_dict()}
+            spec = {"tasks": list(tasks) or [f"builtin:{env}"], "env_mix": env_mix, "policy": policy,
+                    **cfg.as_dict()}
             writer = GroupShardWriter(
                 out, lambda: Lineage(stage="rollout", inputs=[], config_hash=config_hash(spec),
-                                     extra={"tasks": spec["tasks"], "policy": pol.name,
+                                     extra={"tasks": ",".join(spec["tasks"]), "policy": pol.name,
                                             "policy_version": pol.version}),
                 flush_groups=flush_groups, flush_seconds=flush_seconds, prefix=prefix)
-            summary = asyncio.run(_run(task_list, pol, lambda: make_env(env, **options), cfg, writer, quiet, daemon))
+            summary = asyncio.run(_run(task_list, pol, picker, cfg, writer, quiet, daemon, env_names))
             summary["out"] = out
             summary["metrics"] = write_rollout_metrics(summary, metrics_dir_for(out, run), backend)
         if as_json:
@@ -178,7 +192,134 @@ def register(app: typer.Typer) -> None:
             f"{summary['shards_written']} shards in {escape(out)}  ({summary['generated_tokens_per_s']:.1f} gen tok/s, "
             f"mean env latency {summary['mean_env_latency_s'] * 1e3:.1f} ms, {summary['errors']} errors"
             f"{', interrupted' if summary['interrupted'] else ''})")
+        if summary["template_rewrites_history"] and history == "full":
+            console.print("note: the chat template re-renders earlier turns (it drops their reasoning); rows keep "
+                          "what the model saw, prefix-consistent. --history per-turn renders every turn's prompt "
+                          "as the template does (README \"Chat templates\").", markup=False)
         _fail_if_nothing_usable(summary, len(task_list))
+        _fail_if_too_many_errors(summary, max_error_frac)
+
+
+HISTORIES = ("full", "per-turn")
+
+
+def check_loop_options(history: str, tool_parser: str | None, max_error_frac: float) -> None:
+    from arlctl.tools import PARSERS
+
+    if history not in HISTORIES:
+        raise UsageError(f"--history must be one of {', '.join(HISTORIES)}, got {history!r}")
+    if tool_parser is not None and tool_parser not in PARSERS:
+        raise UsageError(f"unknown --tool-parser {tool_parser!r}", hint=f"choose one of: {', '.join(PARSERS)}")
+    if not 0.0 <= max_error_frac <= 1.0:  # NaN fails this too
+        raise UsageError(f"--max-error-frac must be in [0, 1], got {max_error_frac}")
+
+
+def parse_template_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """--chat-template-kwargs KEY=VALUE: VALUE as JSON when it parses (false, 3, "x", [1]), else text."""
+    import json
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--chat-template-kwargs expects KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
+    return options
+
+
+def load_task_list(env: str | None, tasks: list[str], env_mix: str | None, limit: int | None,
+                   seed: int | None) -> tuple[list[dict[str, Any]], str]:
+    """The tasks to roll out and the default env name.
+
+    --env-mix: groups sampled across envs at the given ratios (arlctl.envs.mix). Otherwise one task
+    source; with --env every task must be for it, without --env each task runs the env its own "env"
+    field names (math when it has none).
+    """
+    from arlctl.envs.tasks import load_tasks
+
+    if env_mix is not None:
+        from arlctl.envs.mix import mix_sources, mixed_tasks, parse_env_mix
+
+        if env is not None:
+            raise UsageError("--env-mix and --env exclude each other", hint="name every env in --env-mix")
+        mix = parse_env_mix(env_mix)
+        sources = mix_sources(mix, list(tasks))
+        n_groups = limit if limit is not None else sum(len(v) for v in sources.values())
+        return list(mixed_tasks(sources, mix, seed, n_groups)), mix[0][0]
+    if len(tasks) > 1:
+        raise UsageError("--tasks is given more than once", hint="several task sources need --env-mix")
+    spec = tasks[0] if tasks else f"builtin:{env or 'math'}"
+    if env is not None:
+        task_list = load_tasks(spec, env=env)
+    else:
+        task_list = load_tasks(spec, env=None, default_env="math")
+    return (task_list[:limit] if limit is not None else task_list), env or "math"
+
+
+class EnvPicker:
+    """Env name -> factory, for runs where each group runs the env its task names.
+
+    Every name is resolved (plugins loaded) and its options checked once, before any work. Options
+    (--env-opt, --sandbox, ...) go to each env whose factory accepts them; one that no env accepts is a
+    usage error.
+    """
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = options
+        self.factories: dict[str, Any] = {}
+
+    def check(self, task_list: list[dict[str, Any]], default: str) -> list[str]:
+        from arlctl.envs import registry
+
+        names = sorted({str(t.get("env") or default) for t in task_list} or {default})
+        taken: set[str] = set()
+        for name in names:
+            accepted = self._accepted(name)  # resolves the name: an unknown env is a usage error now
+            taken |= set(accepted)
+            # looked up at call time, so a factory that fails per trajectory is an env_error row, not a crash
+            self.factories[name] = lambda name=name, accepted=accepted: registry.make_env(name, **accepted)
+        unused = sorted(set(self.options) - taken)
+        if unused:
+            raise UsageError(f"option {unused[0]!r} is not accepted by env(s) {', '.join(names)}")
+        return names
+
+    def _accepted(self, name: str) -> dict[str, Any]:
+        import inspect
+
+        from arlctl.envs.registry import resolve_env
+
+        factory = resolve_env(name)
+        try:
+            params = inspect.signature(factory).parameters.values()
+        except (TypeError, ValueError):
+            return dict(self.options)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return dict(self.options)
+        names = {p.name for p in params}
+        return {k: v for k, v in self.options.items() if k in names}
+
+    def __call__(self, name: str) -> Any:
+        if name not in self.factories:
+            raise UsageError(f"env {name!r} was not among the envs checked before the run")
+        return self.factories[name]
+
+
+def _fail_if_too_many_errors(summary: dict[str, Any], max_error_frac: float) -> None:
+    """Exit 1 when the share of trajectories that ended env_error/policy_error exceeds --max-error-frac."""
+    if summary["interrupted"] or summary["error_fraction"] <= max_error_frac:
+        return
+    outcomes = summary.get("outcomes") or {}
+    failed = outcomes.get("env_error", 0) + outcomes.get("policy_error", 0)
+    causes = summary.get("error_causes") or {}
+    top = max(causes.items(), key=lambda kv: kv[1]) if causes else None
+    raise TerminalError(
+        f"{failed} of {sum(outcomes.values())} trajectories failed ({summary['error_fraction']:.0%} > "
+        f"--max-error-frac {max_error_frac:g})" + (f"; most common cause {top[0]} ({top[1]})" if top else "")
+        + f"; last error: {summary.get('last_error') or 'none recorded'}",
+        hint="the rows are kept for `arlctl show`; `arlctl status RUN` lists the causes")
 
 
 def _fail_if_nothing_usable(summary: dict[str, Any], tasks: int) -> None:
@@ -256,6 +397,8 @@ def _daemon_options(watch: bool, max_epochs: int | None, poll: float, max_pendin
 
 def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: str) -> str:
     """One row per rollout invocation in RUN/metrics: loop counters plus the backend's own counters."""
+    import json
+
     import pyarrow as pa
 
     from arlctl.io.fs import join
@@ -266,25 +409,26 @@ def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: st
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[key] = float(value)
     row["last_error"] = summary.get("last_error")  # already Parquet-safe (see _run)
+    row["error_causes"] = json.dumps(summary.get("error_causes") or {}, sort_keys=True)  # {cause: count}
     for key, value in (summary.get("backend_metrics") or {}).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[f"backend_{key}"] = float(value)
     return write_table_atomic(pa.Table.from_pylist([row]), join(metrics_dir, shard_name("rollout")))
 
 
-def _dry_run(task_list: list[dict], env: str, options: dict, policy: str) -> None:
+def _dry_run(task_list: list[dict], picker: EnvPicker, policy: str, template_kwargs: dict[str, Any]) -> None:
     from rich.panel import Panel
     from transformers import AutoTokenizer
 
-    from arlctl.envs.registry import make_env
     from arlctl.inference.chat import ChatCodec
     from arlctl.inference.loader import resolve_policy
+    from arlctl.tools import parser_for_template
 
     if not task_list:
         raise UsageError("no tasks")
     resolved = resolve_policy(policy)
-    codec = ChatCodec(AutoTokenizer.from_pretrained(str(resolved.path), local_files_only=True))
-    environment = make_env(env, **options)
+    codec = ChatCodec(AutoTokenizer.from_pretrained(str(resolved.path), local_files_only=True), template_kwargs)
+    environment = picker(str(task_list[0].get("env") or next(iter(picker.factories))))()
     from arlctl.stages.rollout import parquet_safe_value
 
     reset = asyncio.run(environment.reset(parquet_safe_value(task_list[0])))  # as the rollout itself would
@@ -293,7 +437,8 @@ def _dry_run(task_list: list[dict], env: str, options: dict, policy: str) -> Non
     title = f"first prompt ({len(prompt.ids)} tokens, task {escape(terminal_safe(str(task_list[0].get('task_id'))))})"
     console.print(Panel(plain(prompt.text), title=title, title_align="left"))
     console.print(f"tools: {[t['function']['name'] for t in reset.tools]}  "
-                  f"({'in the chat template' if codec.tools_in_template else 'described in the system prompt'})")
+                  f"({'in the chat template' if codec.tools_in_template else 'described in the system prompt'}; "
+                  f"tool-call parser {parser_for_template(codec.chat_template)})")
     console.print(f"dry run: would roll out {len(task_list)} tasks; nothing written")
 
 
@@ -303,8 +448,8 @@ def _safe_text(text: str | None) -> str | None:
     return None if text is None else parquet_safe(text)
 
 
-async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet: bool,
-               daemon: dict[str, Any] | None = None) -> dict[str, Any]:
+async def _run(task_list, pol, picker: EnvPicker, cfg, writer: GroupShardWriter, quiet: bool,
+               daemon: dict[str, Any] | None = None, env_names: list[str] | None = None) -> dict[str, Any]:
     from arlctl.stages.rollout import Backpressure, PolicyFollower, Stats, rollout
 
     stats = Stats()
@@ -360,16 +505,16 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
 
         ticker = asyncio.ensure_future(refresh())
         try:
-            await rollout(task_list, pol, env_factory, cfg, sink, stats=stats, stop=stop,
-                          turn_hook=follower.maybe_reload if follower else None, epochs=epochs,
-                          before_group=gate.wait if gate else None)
+            await rollout(task_list, pol, picker(cfg.env) if cfg.env in picker.factories else None, cfg, sink,
+                          stats=stats, stop=stop, turn_hook=follower.maybe_reload if follower else None,
+                          epochs=epochs, before_group=gate.wait if gate else None, env_for=picker)
             await writer.flush()
         finally:
             ticker.cancel()
             progress.update(bar, completed=stats.groups_done)
             backend_metrics = pol.metrics() if hasattr(pol, "metrics") else {}
             await pol.close()
-            if cfg.env == "swe":
+            if "swe" in (env_names or [cfg.env]):
                 from arlctl.envs.swe.sandboxes import close_shared
 
                 await close_shared()
@@ -381,7 +526,9 @@ async def _run(task_list, pol, env_factory, cfg, writer: GroupShardWriter, quiet
         "shards_written": len(writer.written), "shards": writer.written, "rows_written": writer.rows_written,
         "generated_tokens": stats.generated_tokens, "generated_tokens_per_s": stats.generated_tokens / max(elapsed, 1e-9),
         "mean_env_latency_s": stats.mean_env_latency_s(), "env_calls": stats.env_calls, "errors": stats.errors,
-        "top_ups": stats.top_ups,
+        "top_ups": stats.top_ups, "error_causes": dict(stats.causes), "outcomes": dict(stats.outcomes),
+        "error_fraction": stats.error_fraction(), "history": cfg.history,
+        "template_rewrites_history": stats.template_rewrites_history,
         "seconds": elapsed, "interrupted": stop.is_set(), "backend_metrics": backend_metrics,
         "epochs": stats.epochs_done, "policy_version": pol.version,
         "last_error": _safe_text(stats.last_error or (follower.last_error if follower else None)),

@@ -153,8 +153,11 @@ def _task_id(value: Any, where: str) -> str:
     return text
 
 
-def load_tasks(spec: str, env: str | None = None) -> list[dict[str, Any]]:
+def load_tasks(spec: str, env: str | None = None, default_env: str | None = None) -> list[dict[str, Any]]:
     """Load the tasks a spec names; with `env`, fill in missing `env` fields and reject other envs.
+
+    Without `env`, each task keeps its own `env` field (several envs may share one file); `default_env`
+    fills it in where a task has none, else such a task is an error.
 
     Task ids must be unique: groups and lineage are keyed by them.
     """
@@ -174,6 +177,8 @@ def load_tasks(spec: str, env: str | None = None) -> list[dict[str, Any]]:
                     f"{spec}: task {task_id!r} is for env {task['env']!r}, not {env!r}",
                     hint=f"use --env {task['env']} or another task file",
                 )
+        elif "env" not in task and default_env is not None:
+            task["env"] = default_env
         elif "env" not in task:
             raise UsageError(
                 f"{spec}: task {task_id!r} has no 'env' field", hint='add "env" to each task or pass --env'

@@ -4,7 +4,18 @@ The conversation is never decoded and re-tokenized. The prompt is rendered and t
 that, each turn appends the sampled ids as returned (mask 1) and then one new segment (mask 0): the
 template's closing of the assistant message, the tool/observation messages, and the next assistant
 header. The segment's text is found by rendering a fixed stand-in conversation with and without the new
-messages and taking the difference, so whatever the template does around tool messages is respected.
+messages and taking what the template puts after the assistant message, so whatever the template does
+around tool messages is respected.
+
+Templates that rewrite history. Some templates render an assistant message differently once it is no
+longer the last one (the "think gate" of reasoning models: the last turn gets a `<think>` block, earlier
+ones lose theirs). Re-rendering would change tokens the model already conditioned on, so by default the
+trajectory stays prefix-consistent: what the model saw and sampled is what is recorded, and only the text
+the template puts *after* the assistant message is appended (`rewrites_history` says the template is such
+a one). `--history per-turn` is the other choice: each turn's prompt is the template's own rendering of the
+conversation so far, one row per turn (`turn_prompt`).
+
+Template options (`enable_thinking=false` and the like) reach every render through `template_kwargs`.
 """
 
 from __future__ import annotations
@@ -16,14 +27,7 @@ from arlctl.errors import TerminalError
 from arlctl.tools.render import tools_system_prompt
 
 _PLACEHOLDER = "\u2063ARLCTL-PLACEHOLDER\u2063"
-
-
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-            add_generation_prompt: bool = False) -> str:
-    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-    if tools:
-        kwargs["tools"] = tools
-    return tokenizer.apply_chat_template(messages, **kwargs)
+_PROBE_TOOL_MESSAGE = {"role": "tool", "name": "probe", "tool_call_id": "probe0001", "content": "R"}
 
 
 @dataclass
@@ -33,12 +37,16 @@ class Segment:
 
 
 class ChatCodec:
-    """Renders prompts and turn boundaries for one tokenizer's chat template."""
+    """Renders prompts and turn boundaries for one tokenizer's chat template.
 
-    def __init__(self, tokenizer: Any):
+    template_kwargs: extra variables for the template (`--chat-template-kwargs`), e.g. enable_thinking.
+    """
+
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise TerminalError("the policy's tokenizer has no chat template", hint="use an instruct model")
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self.tools_in_template = self._template_renders_tools()
         # A stand-in conversation ending with an assistant message; deltas are taken against it.
         self._base = [
@@ -46,21 +54,42 @@ class ChatCodec:
             {"role": "user", "content": "U"},
             {"role": "assistant", "content": _PLACEHOLDER},
         ]
-        rendered = _render(tokenizer, self._base)
+        rendered = self._render(self._base)
         at = rendered.rfind(_PLACEHOLDER)
         if at < 0:
             raise TerminalError("the chat template drops assistant content; cannot keep token continuity")
         self._base_text = rendered
         self.closing = rendered[at + len(_PLACEHOLDER):]  # e.g. "<|im_end|>\n"
+        self.rewrites_history = False
+        # Checked once here, not in the middle of a trajectory: a template whose tool turns cannot be
+        # appended is a startup error naming the template, never a per-row surprise.
+        self.continuation("", [_PROBE_TOOL_MESSAGE])
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                add_generation_prompt: bool = False) -> str:
+        kwargs: dict[str, Any] = {**self.template_kwargs, "tokenize": False,
+                                  "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            return self.tokenizer.apply_chat_template(messages, **kwargs)
+        except Exception as err:  # jinja's raise_exception(), a missing variable, a bad kwarg
+            raise TerminalError(f"the chat template failed to render: {type(err).__name__}: {err}",
+                                hint="check --chat-template-kwargs and the template's message rules") from err
 
     def _template_renders_tools(self) -> bool:
         probe = [{"type": "function", "function": {"name": "zz_probe_tool", "description": "d",
                                                    "parameters": {"type": "object", "properties": {}}}}]
         messages = [{"role": "user", "content": "hi"}]
         try:
-            return "zz_probe_tool" in _render(self.tokenizer, messages, probe, add_generation_prompt=True)
-        except Exception:
+            return "zz_probe_tool" in self._render(messages, probe, add_generation_prompt=True)
+        except TerminalError:
             return False
+
+    @property
+    def chat_template(self) -> str:
+        template = self.tokenizer.chat_template
+        return template if isinstance(template, str) else str(template)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -79,7 +108,7 @@ class ChatCodec:
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Segment:
         msgs = self.prompt_messages(messages, tools)
-        text = _render(self.tokenizer, msgs, tools if self.tools_in_template else None, add_generation_prompt=True)
+        text = self._render(msgs, tools if self.tools_in_template else None, add_generation_prompt=True)
         return Segment(text, self.encode(text))
 
     def split_generation(self, ids: list[int]) -> tuple[str, str]:
@@ -96,11 +125,34 @@ class ChatCodec:
         return self.decode(ids), self.closing
 
     def continuation(self, glue: str, observations: list[dict[str, Any]]) -> Segment:
-        """The mask-0 segment after a turn: the owed closing, the observations, the next header."""
-        full = _render(self.tokenizer, self._base + observations, add_generation_prompt=True)
-        if not full.startswith(self._base_text):
-            raise TerminalError("the chat template re-renders earlier messages when tool results are added")
-        text = glue + full[len(self._base_text):]
+        """The mask-0 segment after a turn: the owed closing, the observations, the next header.
+
+        Only what the template renders after the assistant message is used. When the template renders
+        the messages before it differently once more follow (history rewriting), the recorded tokens
+        stay what the model saw (see the module docstring) and `rewrites_history` becomes True.
+        """
+        full = self._render(self._base + observations, add_generation_prompt=True)
+        at = full.rfind(_PLACEHOLDER)
+        after = full[at + len(_PLACEHOLDER):] if at >= 0 else None
+        if after is None or not after.startswith(self.closing):
+            raise TerminalError(
+                "the chat template renders an assistant message differently once tool results follow it "
+                f"(expected its closing {self.closing!r} after the message)",
+                hint="use --history per-turn, which renders every turn's prompt with the template itself")
+        if full[:at] != self._base_text[:self._base_text.rfind(_PLACEHOLDER)]:
+            self.rewrites_history = True
+        text = glue + after[len(self.closing):]
+        return Segment(text, self.encode(text))
+
+    def turn_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                    turns: list[tuple[str, list[dict[str, Any]]]]) -> Segment:
+        """`--history per-turn`: the template's own rendering of the conversation so far, ready for the
+        next assistant turn. turns: (assistant content, observation messages) of the earlier turns."""
+        msgs = list(self.prompt_messages(messages, tools))
+        for content, observations in turns:
+            msgs.append({"role": "assistant", "content": content})
+            msgs.extend(observations)
+        text = self._render(msgs, tools if self.tools_in_template else None, add_generation_prompt=True)
         return Segment(text, self.encode(text))
 
     def render_conversation(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
@@ -114,5 +166,4 @@ class ChatCodec:
             msgs.append({"role": "assistant", "content": content})
             msgs.extend(observations or [])
         ends_open = turns and turns[-1][1]
-        return _render(self.tokenizer, msgs, tools if self.tools_in_template else None,
-                       add_generation_prompt=bool(ends_open))
+        return self._render(msgs, tools if self.tools_in_template else None, add_generation_prompt=bool(ends_open))
