@@ -375,6 +375,24 @@ def test_bad_ids_in_one_task_fail_only_its_rows(tmp_path, tiny, monkeypatch):
     assert ("t1", "policy_error") in statuses and ("t0", "policy_error") not in statuses
 
 
+def test_error_fraction_over_max_error_frac_exits_nonzero(tmp_path, tiny, monkeypatch):
+    """One task in three poisoned: under the default --max-error-frac 0.5 the run passes (above); with
+    0.2 the same run exits 1 naming the share, the limit and the cause, after writing every row."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [
+        json.dumps({"task_id": f"t{i}", "question": f"What is {i} + {i}? POISON{i}", "answer": str(2 * i)})
+        for i in range(3)])
+    out = str(tmp_path / "out")
+    result = cli_rollout(monkeypatch, CorruptingPolicy(tiny, replace_id(-1), only="POISON1"), [
+        "--env", "math", "--tasks", tasks, "--out", out, "-G", "2", "--max-turns", "2",
+        "--max-new-tokens", "8", "--seed", "0", "--max-error-frac", "0.2"])
+    assert result.exit_code == 1, result.output
+    assert "2 of 6 trajectories failed (33% > --max-error-frac 0.2)" in result.stderr
+    assert "most common cause policy_error (2)" in result.stderr and "token id -1" in result.stderr
+    summary = summary_of(result)
+    assert summary["rows_written"] == 6 and summary["error_causes"] == {"policy_error": 2}
+    assert len(read_rows(out)) == 6
+
+
 def test_every_group_failing_exits_nonzero(tmp_path, tiny, monkeypatch):
     """The environment cannot even be built: every row is env_error, and the command fails with the
     cause instead of reporting success (exit 0) over a directory of failures."""
