@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 from swe_helpers import grading_factory, run
 
@@ -66,6 +67,9 @@ def test_a_grader_without_pytest_gives_null_rewards_and_exit_1(tmp_path, no_pyte
     assert table.column("reward").to_pylist() == [None, None]  # never a 0 inside the group
     for info in map(json.loads, table.column("reward_info").to_pylist()):
         assert info["infra"] is True and "cannot import pytest" in info["error"]
+    metrics = [p for p in (run_dir / "metrics").iterdir() if p.name.startswith("reward-")]
+    [causes] = pq.read_table(metrics[0]).column("error_causes").to_pylist() if len(metrics) == 1 else [None]
+    assert json.loads(causes) == {"infra:grader_no_pytest": 2}  # RUN/metrics says why, by cause
 
     healthy = tmp_path / "healthy"
     write_shard(rows_to_table(_gold_rows(task, 1)), str(healthy / "rollouts" / "part-a.parquet"), Lineage("rollout"))
@@ -154,6 +158,7 @@ def test_a_sandbox_killed_mid_episode_is_env_error_and_filter_drops_it(tokenizer
     [row] = rows
     assert (row.status, row.finish_reason) == ("env_error", "error"), (row.status, row.turns[-1].error)
     assert "sandbox" in (row.turns[-1].error or "") and stats.errors >= 1
+    assert stats.causes.get("infra:env_failure") == 1 and stats.outcomes == {"env_error": 1}  # counted as infra
     assert len(row.turns) == 2  # it ended at the broken step; no error observation went back to the model
     row.reward = 0.0  # even a reward on it would not let it through
     result = apply_rules(rows_to_table(rows), FilterConfig(), 0)
