@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
         picker = EnvPicker(options)
         env_names = picker.check(task_list, env)  # unknown envs or options: a usage error before any work
         if dry_run:
-            _dry_run(task_list, picker, policy, template_kwargs)
+            _dry_run(task_list, picker, policy, template_kwargs, tool_parser)
             return
         from arlctl.doctor import DoctorOptions, preflight, stage_checks
 
@@ -416,7 +416,8 @@ def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: st
     return write_table_atomic(pa.Table.from_pylist([row]), join(metrics_dir, shard_name("rollout")))
 
 
-def _dry_run(task_list: list[dict], picker: EnvPicker, policy: str, template_kwargs: dict[str, Any]) -> None:
+def _dry_run(task_list: list[dict], picker: EnvPicker, policy: str, template_kwargs: dict[str, Any],
+             tool_parser: str | None = None) -> None:
     from rich.panel import Panel
     from transformers import AutoTokenizer
 
@@ -438,7 +439,7 @@ def _dry_run(task_list: list[dict], picker: EnvPicker, policy: str, template_kwa
     console.print(Panel(plain(prompt.text), title=title, title_align="left"))
     console.print(f"tools: {[t['function']['name'] for t in reset.tools]}  "
                   f"({'in the chat template' if codec.tools_in_template else 'described in the system prompt'}; "
-                  f"tool-call parser {parser_for_template(codec.chat_template)})")
+                  f"tool-call parser {tool_parser or parser_for_template(codec.chat_template)})")
     console.print(f"dry run: would roll out {len(task_list)} tasks; nothing written")
 
 
@@ -482,7 +483,8 @@ async def _run(task_list, pol, picker: EnvPicker, cfg, writer: GroupShardWriter,
         if daemon["max_pending"] is not None or daemon["max_staleness"] is not None:
             gate = Backpressure(
                 daemon["run"], cfg.group_size, pol,
-                in_flight=lambda: stats.groups_started * cfg.group_size - writer.rows_written,
+                # per-turn rows outnumber trajectories: never let the estimate go negative
+                in_flight=lambda: max(0, stats.groups_started * cfg.group_size - writer.rows_written),
                 max_pending=daemon["max_pending"], max_staleness=daemon["max_staleness"], poll_s=daemon["poll"],
                 follower=follower, flush=writer.flush, log=lambda line: console.print(line, markup=False))
 

@@ -52,16 +52,28 @@ def _segments(text: str) -> list[str]:
     return body.split(TOOL_CALLS)[1:]
 
 
+def _json_prefix(text: str) -> tuple[Any, str | json.JSONDecodeError]:
+    """(the JSON value the stripped text starts with, the stripped text after it) or (None, the error)."""
+    body = text.strip()
+    try:
+        value, end = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError as exc:
+        return None, exc
+    return value, body[end:].strip()
+
+
+def _where(exc: json.JSONDecodeError) -> str:
+    return f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
+
+
 def _decode_array(segment: str) -> list[tuple[Any, str]] | str:
     """The v3 form: (call object, its raw text) per element, or an error message."""
-    body = segment.strip()
-    try:
-        payload, end = json.JSONDecoder().raw_decode(body)
-    except json.JSONDecodeError as exc:
-        return (f"invalid JSON after {TOOL_CALLS}: {exc.msg} (line {exc.lineno}, column {exc.colno}); "
+    payload, trailing = _json_prefix(segment)
+    if isinstance(trailing, json.JSONDecodeError):
+        return (f"invalid JSON after {TOOL_CALLS}: {_where(trailing)}; "
                 f"write calls as a JSON array, for example:\n{_EXAMPLE}")
-    if body[end:].strip():
-        return (f"unexpected text after the {TOOL_CALLS} array: {body[end:].strip()[:40]!r}; "
+    if trailing:
+        return (f"unexpected text after the {TOOL_CALLS} array: {trailing[:40]!r}; "
                 f"put every call inside one array, for example:\n{_EXAMPLE}")
     items = payload if isinstance(payload, list) else [payload]
     if not items:
@@ -78,14 +90,11 @@ def _decode_named(segment: str) -> tuple[Any, str] | str:
     name = name.strip()
     if not _NAME_RE.match(name):
         return f"a call after {TOOL_CALLS} must start with the tool name, got {name[:40]!r}; write calls as:\n{_EXAMPLE_V11}"
-    body = args_text.strip()
-    try:
-        arguments, end = json.JSONDecoder().raw_decode(body)
-    except json.JSONDecodeError as exc:
-        return (f"invalid JSON in the arguments of {name!r}: {exc.msg} (line {exc.lineno}, column {exc.colno}); "
-                f"write calls as:\n{_EXAMPLE_V11}")
-    if body[end:].strip():
-        return (f"unexpected text after the arguments of {name!r}: {body[end:].strip()[:40]!r}; start each "
+    arguments, trailing = _json_prefix(args_text)
+    if isinstance(trailing, json.JSONDecodeError):
+        return f"invalid JSON in the arguments of {name!r}: {_where(trailing)}; write calls as:\n{_EXAMPLE_V11}"
+    if trailing:
+        return (f"unexpected text after the arguments of {name!r}: {trailing[:40]!r}; start each "
                 f"further call with {TOOL_CALLS}, for example:\n{_EXAMPLE_V11}{_EXAMPLE_V11}")
     return {"name": name, "arguments": arguments, "id": call_id.strip()}, TOOL_CALLS + segment
 

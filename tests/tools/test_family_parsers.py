@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from tool_schemas import TOOLS
 
 from arlctl.envs.base import ToolCall
 from arlctl.tools import PARSERS, TOOL_CALL_FORMATS, parse_tool_calls, parser_for_template
@@ -16,30 +17,6 @@ from arlctl.tools.llama3_json import parse_llama3_json
 from arlctl.tools.mistral import mistral_call_id, parse_mistral
 from arlctl.tools.render import assistant_tool_calls
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "parameters": {
-                "type": "object",
-                "properties": {"key": {"type": "string"}, "limit": {"type": "integer"}},
-                "required": ["key"],
-            },
-        },
-    },
-]
 ALNUM9 = re.compile(r"^[A-Za-z0-9]{9}$")
 
 

@@ -4,33 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tool_schemas import TOOLS
 
 from arlctl.tools.hermes import parse_hermes, strip_tool_calls
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "parameters": {
-                "type": "object",
-                "properties": {"key": {"type": "string"}, "limit": {"type": "integer"}},
-                "required": ["key"],
-            },
-        },
-    },
-]
 
 
 def test_single_valid_call():
