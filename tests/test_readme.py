@@ -1,30 +1,108 @@
-"""Docs are tests: every `arlctl COMMAND` the README shows exists and has help with an example."""
+"""Docs are tests, in both directions.
+
+Every `arlctl COMMAND` a README ```bash block shows exists and its `--help` carries an example, and every
+command the Typer app registers (groups' subcommands included) appears in a README ```bash block.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import typer.main
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
+# `arlctl WORD [WORD]` at the start of a line; the second word only counts where the first is a group.
+_INVOCATION = re.compile(r"^\s*arlctl ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?", flags=re.M)
 
-def readme_commands() -> set[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
-    return {m for block in blocks for m in re.findall(r"^\s*arlctl ([a-z][a-z-]*)", block, flags=re.M)}
+
+def registered_commands() -> set[tuple[str, ...]]:
+    """Every command path the CLI answers: ("rollout",), ("model",), ("model", "pull"), ..."""
+
+    def walk(command, path: tuple[str, ...]):
+        # Typer vendors its own click, so test for a group by shape rather than by class.
+        subcommands = getattr(command, "commands", None)
+        if path:
+            yield path
+        for name, sub in (subcommands or {}).items():
+            if not getattr(sub, "hidden", False):
+                yield from walk(sub, (*path, name))
+
+    return set(walk(typer.main.get_command(app), ()))
+
+
+def bash_invocations(text: str, groups: set[str]) -> set[tuple[str, ...]]:
+    """The command paths shown in ```bash blocks of a markdown text."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    paths: set[tuple[str, ...]] = set()
+    for block in blocks:
+        for first, second in _INVOCATION.findall(block):
+            paths.add((first, second) if first in groups and second else (first,))
+    return paths
+
+
+def _groups(commands: set[tuple[str, ...]]) -> set[str]:
+    return {path[0] for path in commands if len(path) > 1}
+
+
+def readme_commands() -> set[tuple[str, ...]]:
+    return bash_invocations(README.read_text(), _groups(registered_commands()))
+
+
+def help_examples(help_text: str, path: tuple[str, ...]) -> list[str]:
+    """Lines of `--help` output that are an example of this command (the Usage line does not count)."""
+    prefix = "arlctl " + " ".join(path)
+    return [line.strip() for line in help_text.splitlines() if line.strip().startswith(prefix)]
 
 
 def test_readme_commands_exist_and_have_examples():
     commands = readme_commands()
-    assert {"rollout", "reward", "filter", "train", "sync", "query", "inspect", "show", "validate"} <= commands
+    core = {"rollout", "reward", "filter", "train", "sync", "query", "inspect", "show", "validate"}
+    assert {(name,) for name in core} <= commands
     runner = CliRunner()
-    for command in sorted(commands):
-        result = runner.invoke(app, [command, "--help"])
-        assert result.exit_code == 0, (command, result.output)
-        assert "arlctl " in result.output, f"`arlctl {command} --help` shows no example"
+    for path in sorted(commands):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (path, result.output)
+        if path[0] in _groups(registered_commands()) and len(path) == 1:
+            continue  # a group's help lists its subcommands; each subcommand's help carries the example
+        assert help_examples(result.output, path), f"`arlctl {' '.join(path)} --help` shows no example"
+
+
+def test_every_registered_command_is_in_a_readme_bash_block():
+    shown = readme_commands()
+    registered = registered_commands()
+    groups = _groups(registered)
+    # A group counts as shown through any of its subcommands; each leaf command must be shown itself.
+    shown_groups = {path[0] for path in shown if len(path) > 1}
+    missing = sorted(
+        " ".join(path)
+        for path in registered
+        if path not in shown and not (len(path) == 1 and path[0] in groups and path[0] in shown_groups)
+    )
+    assert not missing, f"commands with no example in a README ```bash block: {missing}"
+
+
+def test_the_two_directions_catch_a_missing_and_an_unknown_command():
+    # The checks above are only worth something if the parser sees what a README shows and nothing more.
+    text = (
+        "```bash\narlctl rollout --run r\n  arlctl model pull --json\narlctl nosuch x\n```\n"
+        "```text\narlctl reward  (not a bash block)\n```\n"
+    )
+    shown = bash_invocations(text, {"model"})
+    assert shown == {("rollout",), ("model", "pull"), ("nosuch",)}
+    assert ("reward",) in registered_commands() and ("reward",) not in shown
+    assert ("nosuch",) not in registered_commands()
+    assert CliRunner().invoke(app, ["nosuch", "--help"]).exit_code != 0
+
+
+def test_help_examples_ignore_the_usage_line():
+    usage_only = " Usage: arlctl train [OPTIONS]\n\n Train the policy.\n"
+    assert help_examples(usage_only, ("train",)) == []
+    assert help_examples(usage_only + "\n arlctl train --run runs/r1\n", ("train",)) == ["arlctl train --run runs/r1"]
 
 
 def test_readme_starts_with_the_two_setup_commands():

@@ -15,10 +15,14 @@ import sys
 import time
 from collections import Counter
 
+import pytest
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
 from arlctl.runstate import backlog, run_state
+
+# A real `rollout --watch` subprocess driven through a whole daemon cycle: the integration tier.
+pytestmark = pytest.mark.integration
 
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 MAX_PENDING, K, G = 8, 1, 2

@@ -64,12 +64,11 @@ def kill(proc: subprocess.Popen) -> None:
 
 def test_local_second_process_fails_fast_naming_holder(tmp_path):
     out = str(tmp_path / "rewarded")
-    holder = start_holder(out, hold_s=60)
+    holder = start_holder(out, hold_s=600)
     try:
-        started = time.monotonic()
-        result = run_contender(out, wait_s=0)
+        result = run_contender(out, wait_s=0)  # a contender that waited for the holder would hit its timeout
         assert result.returncode == 75, result.stdout + result.stderr
-        assert time.monotonic() - started < 20  # fails fast: no waiting on the holder's 60 s
+        assert holder.poll() is None  # refused while the lock was still held: it did not wait its turn
         assert f"pid {holder.pid} on host {socket.gethostname()}" in result.stdout
         assert f"another `arlctl reward` holds {out}" in result.stdout
         # The same refusal in-process, as the CLI will see it.
@@ -96,10 +95,9 @@ def test_local_sigkilled_holder_releases_at_once(tmp_path):
     out = str(tmp_path / "rewarded")
     holder = start_holder(out, hold_s=60)
     kill(holder)
-    started = time.monotonic()
+    # wait_s=0: a lock the dead holder still held would raise LockHeld here instead of being taken.
     with RunLock(out, "reward", wait_s=0):
-        pass
-    assert time.monotonic() - started < 1.0
+        assert "reward.lock" in os.listdir(tmp_path / "rewarded" / "_locks")
 
 
 def test_local_lock_is_per_stage_and_hidden_from_readers(tmp_path):
@@ -135,12 +133,12 @@ def test_s3_killed_holder_is_taken_over_after_ttl(s3_bucket):
     with pytest.raises(LockHeld) as info:  # the dead holder's lease has not expired yet
         RunLock(out, "reward", ttl_s=2).acquire()
     assert info.value.holder["pid"] == holder.pid
-    started = time.monotonic()
+    dead_expires_at = info.value.holder["expires_at"]
     with RunLock(out, "reward", ttl_s=2, wait_s=15) as lock:
-        waited = time.monotonic() - started
+        taken_at = time.time()
         lease = json.loads(fsspec.filesystem("s3").cat_file(f"{out}/_locks/reward.lease"))
         assert lease["owner"] == lock.owner and lease["pid"] == os.getpid()
-    assert 0 < waited < 15
+    assert taken_at >= dead_expires_at  # the dead holder's lease was honoured until it expired
     assert not fsspec.filesystem("s3").exists(f"{out}/_locks/reward.lease")  # released on exit
 
 

@@ -8,6 +8,7 @@ workspace afterwards — a replacement when the attack spoiled the sandbox (time
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import uuid
@@ -17,6 +18,9 @@ import pytest
 from sandbox_helpers import processes_with, run, tree_digest, wait_no_processes
 
 from arlctl.sandbox import SandboxError
+
+# Generous bound on an attack that must end by itself (by its exec timeout or a limit); never a timing check.
+HANG_S = 120
 
 
 async def _attack(pool, cmd: str | list[str], timeout: float = 10.0):
@@ -83,7 +87,8 @@ def test_fork_bomb_is_capped_and_sandbox_replaced(backend, pool_factory, snapsho
             server_died = False
             try:
                 async with pool.acquire() as sb:
-                    result = await sb.exec(["/bin/sh", "-c", bomb], timeout=4)
+                    # The bound only guards against a hang (an exec that outlives its timeout fails here).
+                    result = await asyncio.wait_for(sb.exec(["/bin/sh", "-c", bomb], timeout=4), HANG_S)
             except SandboxError:
                 # Under load the bomb can starve the in-sandbox exec server of pids too: the sandbox is
                 # then lost as a whole, which is containment as well, and the pool must replace it.
@@ -91,7 +96,6 @@ def test_fork_bomb_is_capped_and_sandbox_replaced(backend, pool_factory, snapsho
             else:
                 # The pids limit refused forks (or the wall timeout ended it) while the host kept working.
                 assert "Cannot fork" in result.stderr or result.timed_out, result
-                assert result.duration_s < 15
             await pool.drain()
             assert wait_no_processes(marker) == []
             if backend == "bwrap" or server_died:  # bwrap reads the cgroup's pids.events
@@ -122,9 +126,8 @@ def test_cpu_spin_past_timeout_is_killed(backend, pool_factory, snapshot):
 
     async def scenario():
         async with pool_factory(backend) as pool:
-            result = await _attack(pool, spin, timeout=1.0)
-            assert result.timed_out and result.exit_code == 124
-            assert 1.0 <= result.duration_s < 6.0
+            result = await asyncio.wait_for(_attack(pool, spin, timeout=1.0), HANG_S)  # a hang fails here
+            assert result.timed_out and result.exit_code == 124  # the timeout, not the spin, ended it
             assert pool.stats().replacements == 1
             assert wait_no_processes(marker) == []
             await _pool_still_serves_pristine(pool, snapshot)
@@ -146,7 +149,8 @@ def test_daemonised_grandchild_does_not_outlive_its_exec(backend, pool_factory, 
         async with pool_factory(backend) as pool:
             async with pool.acquire() as sb:
                 result = await sb.exec(["python3", "-c", daemon], timeout=10)
-                assert result.exit_code == 0 and result.duration_s < 5, result
+                # The exec returns when its direct child exits, not when the daemon's sleep 300 would.
+                assert result.exit_code == 0 and not result.timed_out, result
                 # Checked from the host, while the sandbox is still held: nothing with the marker is left.
                 assert wait_no_processes(marker, within_s=2.0) == []
                 again = await sb.exec("echo alive", timeout=10)
