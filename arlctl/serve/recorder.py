@@ -26,7 +26,8 @@ from typing import Any
 
 from arlctl.inference.base import Generation
 from arlctl.inference.chat import ChatCodec
-from arlctl.schemas.rows import TrajectoryRow, Turn
+from arlctl.schemas.builder import TrajectoryBuilder
+from arlctl.schemas.rows import TrajectoryRow
 
 ENV_NAME = "serve"
 
@@ -71,9 +72,9 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Segment:
-    """One contiguous token record: becomes one trajectory row."""
+    """One contiguous token record: becomes one trajectory row (grown only through its builder)."""
 
-    row: TrajectoryRow
+    builder: TrajectoryBuilder
     mode: str  # "chat" or "completion"
     messages: list[tuple[Any, ...]] = field(default_factory=list)  # normalized history sent so far
     tools_key: str = ""
@@ -82,6 +83,10 @@ class Segment:
     last_ids: list[int] = field(default_factory=list)  # the last generation's ids (for the closing glue)
     text: str = ""  # completion mode: the text the record stands for
     t0: float = field(default_factory=time.monotonic)
+
+    @property
+    def row(self) -> TrajectoryRow:
+        return self.builder.row
 
     @property
     def all_ids(self) -> list[int]:
@@ -169,11 +174,7 @@ class Recorder:
         del session.done[undo.done:]  # a segment closed by this prepare becomes the open one again
         session.current = seg = undo.current
         if seg is not None:
-            row = seg.row
-            for column in (row.response_ids, row.response_mask, row.response_logprobs):
-                del column[undo.response_len:]
-            if undo.last_obs is not None:
-                row.turns[-1].obs_len, row.turns[-1].observation = undo.last_obs
+            seg.builder.truncate(undo.response_len, undo.last_obs)
             seg.messages, seg.replied, seg.replied_raw, seg.text = (undo.messages, undo.replied, undo.replied_raw,
                                                                     undo.text)
         if seg is None and not session.done and self.is_open(session):
@@ -265,35 +266,19 @@ class Recorder:
             env_version="", task=task, policy=self.policy_name, prompt_text=prompt_text,
             prompt_ids=list(prompt_ids), started_at=datetime.now(UTC),
         )
-        session.current = Segment(row=row, mode=mode)
+        session.current = Segment(builder=TrajectoryBuilder(row), mode=mode)
         return session.current
 
     def _add_generation(self, seg: Segment, gen: Generation, text: str, calls: list[dict[str, Any]],
                         latency_s: float) -> None:
-        row = seg.row
-        if not row.turns:
-            row.policy_version = gen.version
-        row.turns.append(Turn(index=len(row.turns), gen_start=len(row.response_ids), gen_len=len(gen.ids),
-                              obs_len=0, text=text, tool_calls=calls, policy_version=gen.version,
-                              gen_latency_s=latency_s))
-        row.response_ids.extend(gen.ids)
-        row.response_mask.extend([1] * len(gen.ids))
-        row.response_logprobs.extend(float(lp) for lp in gen.logprobs)
-        row.num_tool_calls += len(calls)
-        row.gen_time_s += latency_s
-        row.policy_version_last = gen.version
+        seg.builder.add_generation(gen.ids, gen.logprobs, gen.version, text, calls, latency_s)
         # The schema's vocabulary: a reply cut by max_tokens leaves the segment truncated unless more follows.
-        row.status, row.finish_reason = ("truncated", "max_tokens") if gen.finish_reason == "length" else ("ok", "stop")
+        seg.row.status, seg.row.finish_reason = (("truncated", "max_tokens") if gen.finish_reason == "length"
+                                                 else ("ok", "stop"))
         seg.last_ids = list(gen.ids)
 
     def _add_observation(self, seg: Segment, ids: list[int], observation: str) -> None:
-        row = seg.row
-        row.response_ids.extend(ids)
-        row.response_mask.extend([0] * len(ids))
-        row.response_logprobs.extend([0.0] * len(ids))
-        if row.turns:
-            row.turns[-1].obs_len += len(ids)
-            row.turns[-1].observation = (row.turns[-1].observation or "") + observation
+        seg.builder.add_observation(ids, observation)  # counted into the turn it follows
 
     def _close_segment(self, session: Session, reason: str) -> None:
         seg, session.current = session.current, None
