@@ -1,0 +1,417 @@
+"""One `arlctl rollout` invocation as a Python API: tasks in, trajectory shards and a typed result out.
+
+`RolloutJob` is everything an invocation needs beyond the loop's `RolloutConfig` (tasks, envs, output,
+flushing, daemon policy); `run_rollout(job, policy, stop, stats)` drives stages/rollout.py, writes shards
+and the RUN/metrics row, and returns a `RolloutResult` (`to_json()`, `summary_line()`, `failure()`).
+The CLI (arlctl/cli/rollout.py) only parses options into a job, turns signals into `stop`, shows progress
+from `stats` and prints the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from arlctl.errors import UsageError
+from arlctl.inference.base import Policy
+from arlctl.io.fs import basename, join
+from arlctl.io.layout import metrics_dir_for
+from arlctl.io.shards import Lineage, config_hash
+from arlctl.io.sink import GroupShardWriter
+from arlctl.schemas.safe_text import parquet_safe
+from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.rollout import rollout
+from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
+
+USABLE_STATUSES = ("ok", "truncated")  # statuses whose rows can be graded and trained on
+
+
+def parse_env_options(pairs: list[str], flag: str = "--env-opt") -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UsageError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        options[key.replace("-", "_")] = _coerce(value)
+    return options
+
+
+def _coerce(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(value.lower(), value)
+
+
+HISTORIES = ("full", "per-turn")
+
+
+def check_loop_options(history: str, tool_parser: str | None, max_error_frac: float) -> None:
+    from arlctl.tools import PARSERS
+
+    if history not in HISTORIES:
+        raise UsageError(f"--history must be one of {', '.join(HISTORIES)}, got {history!r}")
+    if tool_parser is not None and tool_parser not in PARSERS:
+        raise UsageError(f"unknown --tool-parser {tool_parser!r}", hint=f"choose one of: {', '.join(PARSERS)}")
+    if not 0.0 <= max_error_frac <= 1.0:  # NaN fails this too
+        raise UsageError(f"--max-error-frac must be in [0, 1], got {max_error_frac}")
+
+
+def parse_template_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """--chat-template-kwargs KEY=VALUE: VALUE as JSON when it parses (false, 3, "x", [1]), else text."""
+    import json
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--chat-template-kwargs expects KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
+    return options
+
+
+def check_sampling_options(temperature: float, top_p: float, max_new_tokens: int, seed: int | None) -> None:
+    """The sampling options through the same check every backend applies (UsageError: exit 2).
+
+    typer parses `--temperature nan` as a float; without this a NaN reached every log-prob of the run.
+    """
+    from arlctl.inference.sampling_check import (
+        MAX_NEW_TOKENS,
+        check_int,
+        check_seed,
+        check_temperature,
+        check_top_p,
+    )
+
+    check_temperature(temperature, "--temperature")
+    check_top_p(top_p, "--top-p")
+    check_int("--max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    check_seed(seed, "--seed")
+
+
+def load_task_list(env: str | None, tasks: list[str], env_mix: str | None, limit: int | None,
+                   seed: int | None) -> tuple[list[dict[str, Any]], str]:
+    """The tasks to roll out and the default env name.
+
+    --env-mix: groups sampled across envs at the given ratios (arlctl.envs.mix). Otherwise one task
+    source; with --env every task must be for it, without --env each task runs the env its own "env"
+    field names (math when it has none).
+    """
+    from arlctl.envs.tasks import load_tasks
+
+    if env_mix is not None:
+        from arlctl.envs.mix import mix_sources, mixed_tasks, parse_env_mix
+
+        if env is not None:
+            raise UsageError("--env-mix and --env exclude each other", hint="name every env in --env-mix")
+        mix = parse_env_mix(env_mix)
+        sources = mix_sources(mix, list(tasks))
+        n_groups = limit if limit is not None else sum(len(v) for v in sources.values())
+        return list(mixed_tasks(sources, mix, seed, n_groups)), mix[0][0]
+    if len(tasks) > 1:
+        raise UsageError("--tasks is given more than once", hint="several task sources need --env-mix")
+    spec = tasks[0] if tasks else f"builtin:{env or 'math'}"
+    if env is not None:
+        task_list = load_tasks(spec, env=env)
+    else:
+        task_list = load_tasks(spec, env=None, default_env="math")
+    return (task_list[:limit] if limit is not None else task_list), env or "math"
+
+
+class EnvPicker:
+    """Env name -> factory, for runs where each group runs the env its task names.
+
+    Every name is resolved (plugins loaded) and its options checked once, before any work. Options
+    (--env-opt, --sandbox, ...) go to each env whose factory accepts them; one that no env accepts is a
+    usage error.
+    """
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = options
+        self.factories: dict[str, Any] = {}
+
+    def check(self, task_list: list[dict[str, Any]], default: str) -> list[str]:
+        from arlctl.envs import registry
+
+        names = sorted({str(t.get("env") or default) for t in task_list} or {default})
+        taken: set[str] = set()
+        for name in names:
+            accepted = self._accepted(name)  # resolves the name: an unknown env is a usage error now
+            taken |= set(accepted)
+            # looked up at call time, so a factory that fails per trajectory is an env_error row, not a crash
+            self.factories[name] = lambda name=name, accepted=accepted: registry.make_env(name, **accepted)
+        unused = sorted(set(self.options) - taken)
+        if unused:
+            raise UsageError(f"option {unused[0]!r} is not accepted by env(s) {', '.join(names)}")
+        return names
+
+    def _accepted(self, name: str) -> dict[str, Any]:
+        import inspect
+
+        from arlctl.envs.registry import resolve_env
+
+        factory = resolve_env(name)
+        try:
+            params = inspect.signature(factory).parameters.values()
+        except (TypeError, ValueError):
+            return dict(self.options)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return dict(self.options)
+        names = {p.name for p in params}
+        return {k: v for k, v in self.options.items() if k in names}
+
+    async def aclose(self) -> None:
+        """Release what the envs share across trajectories (the swe sandbox pool)."""
+        if "swe" in self.factories:
+            from arlctl.envs.swe.sandboxes import close_shared
+
+            await close_shared()
+
+    def __call__(self, name: str) -> Any:
+        if name not in self.factories:
+            raise UsageError(f"env {name!r} was not among the envs checked before the run")
+        return self.factories[name]
+
+
+@dataclass
+class DaemonOptions:
+    """--watch: epochs until stopped, reloads from `follow`, backpressure read from the run `run`."""
+
+    epochs: int | None
+    poll: float
+    max_pending: int | None
+    max_staleness: int | None
+    run: str | None
+    follow: str | None
+
+
+def daemon_options(watch: bool, max_epochs: int | None, poll: float, max_pending: int | None,
+                    max_staleness: int | None, group_size: int, policy: str, run: str | None,
+                    out: str) -> DaemonOptions | None:
+    """Check the --watch options; resolve the run directory (backpressure) and the policy dir to follow."""
+    if not watch:
+        if any(v is not None for v in (max_epochs, max_pending, max_staleness)):
+            raise UsageError("--max-epochs, --max-pending and --max-staleness need --watch")
+        return None
+    if max_epochs is not None and max_epochs < 1:
+        raise UsageError("--max-epochs must be at least 1")
+    if poll <= 0:
+        raise UsageError("--poll must be positive")
+    if max_pending is not None and max_pending < group_size:
+        raise UsageError(f"--max-pending {max_pending} is below the group size {group_size}: no group could start")
+    if max_staleness is not None and max_staleness < 0:
+        raise UsageError("--max-staleness must be >= 0")
+    run_root = run or (out.rstrip("/").rsplit("/", 1)[0] if basename(out) == "rollouts" and "/" in out else None)
+    if run_root is None and (max_pending is not None or max_staleness is not None):
+        raise UsageError("--max-pending and --max-staleness read the run directory",
+                         hint="pass --run RUN (or --out RUN/rollouts)")
+    follow = None
+    from arlctl import models
+
+    if not policy.startswith("oracle:") and policy not in ("tiny", "default", models.DEFAULT_MODEL):
+        from arlctl.inference.loader import resolve_policy
+
+        resolved = resolve_policy(policy, progress=False)
+        follow = str(resolved.policy_dir) if resolved.policy_dir is not None else None
+    if follow is None and run_root is not None and not policy.startswith("oracle:"):
+        follow = join(run_root, "policy")  # start from a model, pick up what sync publishes
+    return DaemonOptions(epochs=max_epochs, poll=poll, max_pending=max_pending, max_staleness=max_staleness,
+                         run=run_root, follow=follow)
+
+
+@dataclass
+class RolloutJob:
+    """One invocation: the loop config, the tasks and envs it runs, where rows go and how they flush."""
+
+    cfg: RolloutConfig
+    tasks: list[dict[str, Any]]
+    envs: EnvPicker
+    out: str
+    run: str | None = None
+    backend: str = "hf"
+    sources: list[str] = field(default_factory=list)  # the task specs, for the shards' lineage
+    policy_spec: str = ""
+    flush_groups: int = 16
+    flush_seconds: float = 60.0
+    prefix: str = "part"
+    daemon: DaemonOptions | None = None
+
+
+@dataclass
+class RolloutResult:
+    """What one invocation did; `to_json()` is the --json summary, `summary_line()` the human one."""
+
+    groups: int
+    trajectories: int
+    status: dict[str, int]  # rows written per status
+    shards_written: int
+    shards: list[str]
+    rows_written: int
+    generated_tokens: int
+    generated_tokens_per_s: float
+    mean_env_latency_s: float
+    env_calls: int
+    errors: int
+    top_ups: int
+    error_causes: dict[str, int]
+    outcomes: dict[str, int]  # trajectories per final status
+    error_fraction: float
+    history: str
+    template_rewrites_history: bool
+    seconds: float
+    interrupted: bool
+    backend_metrics: dict[str, Any]
+    epochs: int
+    policy_version: int
+    last_error: str | None
+    out: str = ""
+    metrics: str | None = None
+    daemon: dict[str, Any] | None = None  # --watch: reloads and backpressure waits
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(data.pop("daemon") or {})
+        return data
+
+    def summary_line(self) -> str:
+        return (f"{self.trajectories} trajectories in {self.groups} groups -> {self.shards_written} shards in "
+                f"{self.out}  ({self.generated_tokens_per_s:.1f} gen tok/s, mean env latency "
+                f"{self.mean_env_latency_s * 1e3:.1f} ms, {self.errors} errors"
+                f"{', interrupted' if self.interrupted else ''})")
+
+    def failure(self, tasks: int, max_error_frac: float) -> tuple[str, str] | None:
+        """(cause, hint) when the run must exit non-zero, else None ("nothing fails silently", DESIGN.md §6).
+
+        A run that wrote nothing from non-empty input, whose every trajectory failed (policy_error,
+        env_error, timeout), or whose share of env_error/policy_error trajectories exceeds
+        `max_error_frac`. An interrupted run is not judged: the user stopped it.
+        """
+        if self.interrupted or tasks == 0:
+            return None
+        cause = self.last_error or "no error was recorded"
+        if self.rows_written == 0:
+            return (f"rollout wrote no rows from {tasks} tasks: {cause}",
+                    "re-run with --debug; check the policy backend and the environment")
+        if sum(self.status.get(s, 0) for s in USABLE_STATUSES) == 0:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(self.status.items()) if v)
+            return (f"every trajectory failed ({counts}); last error: {cause}",
+                    f"the rows are kept in {self.out} for `arlctl show`")
+        if self.error_fraction > max_error_frac:
+            failed = self.outcomes.get("env_error", 0) + self.outcomes.get("policy_error", 0)
+            top = max(self.error_causes.items(), key=lambda kv: kv[1]) if self.error_causes else None
+            return (f"{failed} of {sum(self.outcomes.values())} trajectories failed ({self.error_fraction:.0%} > "
+                    f"--max-error-frac {max_error_frac:g})" + (f"; most common cause {top[0]} ({top[1]})" if top else "")
+                    + f"; last error: {self.last_error or 'none recorded'}",
+                    "the rows are kept for `arlctl show`; `arlctl status RUN` lists the causes")
+        return None
+
+
+async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: Stats | None = None,
+                      log: Callable[[str], None] = print) -> RolloutResult:
+    """Run the job to the end (or until `stop`), flush every group, write the metrics row, close the policy.
+
+    stats: counters the caller may watch while it runs (a progress display); fresh when None.
+    log: one-line notices (policy reloads, backpressure waits).
+    """
+    cfg, stats = job.cfg, stats or Stats()
+    spec = {"tasks": job.sources, "policy": job.policy_spec, **cfg.as_dict()}
+    writer = GroupShardWriter(
+        job.out, lambda: Lineage(stage="rollout", inputs=[], config_hash=config_hash(spec),
+                                 extra={"tasks": ",".join(job.sources), "policy": pol.name,
+                                        "policy_version": pol.version}),
+        flush_groups=job.flush_groups, flush_seconds=job.flush_seconds, prefix=job.prefix)
+    status: dict[str, int] = {"ok": 0}
+
+    async def sink(rows) -> None:
+        for r in rows:
+            status[r.status] = status.get(r.status, 0) + 1
+        await writer.add_group(rows)
+
+    follower, gate = _daemon_hooks(job, pol, stats, writer, log)
+    started = time.monotonic()
+    try:
+        await rollout(job.tasks, pol, None, cfg, sink, stats=stats, stop=stop,
+                      turn_hook=follower.maybe_reload if follower else None,
+                      epochs=job.daemon.epochs if job.daemon else 1, before_group=gate.wait if gate else None,
+                      env_for=job.envs)
+        await writer.flush()
+    finally:
+        backend_metrics = pol.metrics() if hasattr(pol, "metrics") else {}
+        await pol.close()
+        await job.envs.aclose()
+    elapsed = time.monotonic() - started
+    last_error = stats.last_error or (follower.last_error if follower else None)
+    result = RolloutResult(
+        groups=stats.groups_done, trajectories=stats.trajectories_done, status=status,
+        shards_written=len(writer.written), shards=writer.written, rows_written=writer.rows_written,
+        generated_tokens=stats.generated_tokens, generated_tokens_per_s=stats.generated_tokens / max(elapsed, 1e-9),
+        mean_env_latency_s=stats.mean_env_latency_s(), env_calls=stats.env_calls, errors=stats.errors,
+        top_ups=stats.top_ups, error_causes=dict(stats.causes), outcomes=dict(stats.outcomes),
+        error_fraction=stats.error_fraction(), history=cfg.history,
+        template_rewrites_history=stats.template_rewrites_history, seconds=elapsed, interrupted=stop.is_set(),
+        backend_metrics=backend_metrics, epochs=stats.epochs_done, policy_version=pol.version,
+        last_error=None if last_error is None else parquet_safe(last_error), out=job.out,
+        daemon=_daemon_summary(follower, gate) if job.daemon is not None else None)
+    result.metrics = write_rollout_metrics(result.to_json(), metrics_dir_for(job.out, job.run), job.backend)
+    return result
+
+
+def _daemon_hooks(job: RolloutJob, pol: Policy, stats: Stats, writer: GroupShardWriter,
+                  log: Callable[[str], None]) -> tuple[PolicyFollower | None, Backpressure | None]:
+    """--watch: the policy follower (reloads at turn boundaries) and the backpressure gate, if asked for."""
+    daemon = job.daemon
+    if daemon is None:
+        return None, None
+    follower = None
+    if daemon.follow:
+        follower = PolicyFollower(pol, daemon.follow, daemon.poll, on_reload=lambda old, new: log(
+            f"policy reloaded: v{old} -> v{new} (at a turn boundary)"))
+    gate = None
+    if daemon.max_pending is not None or daemon.max_staleness is not None:
+        group_size = job.cfg.group_size
+        gate = Backpressure(
+            daemon.run, group_size, pol,
+            # per-turn rows outnumber trajectories: never let the estimate go negative
+            in_flight=lambda: max(0, stats.groups_started * group_size - writer.rows_written),
+            max_pending=daemon.max_pending, max_staleness=daemon.max_staleness, poll_s=daemon.poll,
+            follower=follower, flush=writer.flush, log=log)
+    return follower, gate
+
+
+def _daemon_summary(follower: PolicyFollower | None, gate: Backpressure | None) -> dict[str, Any]:
+    summary: dict[str, Any] = {"reloads": follower.reloads if follower else 0}
+    if gate is not None:
+        summary.update({
+            "backpressure_wait_s": sum(gate.waited_s.values()), "backlog_wait_s": gate.waited_s["backlog"],
+            "staleness_wait_s": gate.waited_s["staleness"], "backlog_waits": gate.waits["backlog"],
+            "staleness_waits": gate.waits["staleness"], "max_backlog": gate.max_backlog,
+            "max_staleness_at_start": gate.max_staleness_started,
+        })
+    return summary
+
+
+def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: str) -> str:
+    """One row per rollout invocation in RUN/metrics: loop counters plus the backend's own counters."""
+    import pyarrow as pa
+
+    from arlctl.io.shards import shard_name, write_table_atomic
+
+    row: dict[str, Any] = {"backend": backend}
+    for key, value in summary.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[key] = float(value)
+    row["last_error"] = summary.get("last_error")  # already Parquet-safe (see run_rollout)
+    row["error_causes"] = json.dumps(summary.get("error_causes") or {}, sort_keys=True)  # {cause: count}
+    for key, value in (summary.get("backend_metrics") or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[f"backend_{key}"] = float(value)
+    return write_table_atomic(pa.Table.from_pylist([row]), join(metrics_dir, shard_name("rollout")))
