@@ -140,8 +140,3 @@ def split_per_turn(row: TrajectoryRow) -> list[TrajectoryRow]:
             num_tool_calls=len(turn.tool_calls),
         ))
     return out
-
-
-def synthetic_per_turn_rows(n_groups: int, group_size: int = 4, seed: int = 0, **kwargs) -> list[TrajectoryRow]:
-    """`synthetic_rows`, each trajectory split into its per-turn rows (trajectory order kept)."""
-    return [part for row in synthetic_rows(n_groups, group_size, seed, **kwargs) for part in split_per_turn(row)]

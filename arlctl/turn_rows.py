@@ -97,12 +97,3 @@ def first_turn_indices(table: pa.Table) -> list[int]:
             out.append(int(index[pos]) if n else 0)
             pos += n
     return out
-
-
-def has_turn_rows(table: pa.Table) -> bool:
-    """Whether any row of the table is a per-turn row (the cheap check stages use to keep old paths)."""
-    if table.num_rows == 0:
-        return False
-    if CONTINUED in table.column("finish_reason").unique().to_pylist():
-        return True
-    return any(i > 0 for i in first_turn_indices(table))

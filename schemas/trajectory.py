@@ -78,8 +78,6 @@ _COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("trace_id", pa.string(), False, "one id across every stage's logs for this trajectory"),
 ]
 
-COLUMN_DOCS: dict[str, str] = {name: doc for name, _, _, doc in _COLUMNS}
-
 SCHEMA_METADATA = {b"arlctl.schema": SCHEMA_NAME.encode(), b"arlctl.schema_version": str(SCHEMA_VERSION).encode()}
 
 TRAJECTORY_SCHEMA = pa.schema(
