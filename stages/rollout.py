@@ -17,8 +17,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from arlctl.envs.base import Env
-from arlctl.inference.base import Policy
+from arlctl.envs.base import Env, as_env
+from arlctl.inference.base import Policy, as_policy
 from arlctl.inference.chat import ChatCodec
 from arlctl.schemas.rows import TrajectoryRow
 from arlctl.schemas.safe_text import parquet_safe, parquet_safe_value, safe_row
@@ -78,9 +78,9 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
             stats.in_flight += 1
             env: Env | None = None
             try:
-                env = (env_for(env_name) if env_for is not None else env_factory)()
+                env = as_env((env_for(env_name) if env_for is not None else env_factory)())
                 row = await run_trajectory(traj, policy, env, codec, cfg, stats, turn_hook)
-                if row.final_state is None and row.turns and hasattr(env, "final_state"):
+                if row.final_state is None and row.turns:  # ended by a bound: keep what the env holds
                     await final_state_after_bound(row, env, cfg, stats)
                 return row
             except asyncio.CancelledError as err:
@@ -196,6 +196,7 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     """
     stats = stats or Stats()
     stop = stop or asyncio.Event()
+    policy = as_policy(policy)  # a full Policy: vocab_size and the rest declared, defaults for third-party ones
     task_list = tasks if epochs == 1 else list(tasks)  # one pass may stream; epochs re-iterate a list
     codec = ChatCodec(policy.tokenizer, cfg.template_kwargs)
     stats.template_rewrites_history = codec.rewrites_history

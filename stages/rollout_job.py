@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from arlctl.errors import UsageError
-from arlctl.inference.base import Policy
+from arlctl.inference.base import Policy, as_policy
 from arlctl.io.fs import basename, join
 from arlctl.io.layout import metrics_dir_for
 from arlctl.io.shards import Lineage, config_hash
@@ -147,8 +147,9 @@ class EnvPicker:
         for name in names:
             accepted = self._accepted(name)  # resolves the name: an unknown env is a usage error now
             taken |= set(accepted)
-            # looked up at call time, so a factory that fails per trajectory is an env_error row, not a crash
-            self.factories[name] = lambda name=name, accepted=accepted: registry.make_env(name, **accepted)
+            # one factory per env for the whole run: its envs share what it owns (swe: the warm sandbox pool);
+            # an env that fails to build per trajectory is an env_error row, not a crash
+            self.factories[name] = registry.env_factory(name, **accepted)
         unused = sorted(set(self.options) - taken)
         if unused:
             raise UsageError(f"option {unused[0]!r} is not accepted by env(s) {', '.join(names)}")
@@ -170,11 +171,9 @@ class EnvPicker:
         return {k: v for k, v in self.options.items() if k in names}
 
     async def aclose(self) -> None:
-        """Release what the envs share across trajectories (the swe sandbox pool)."""
-        if "swe" in self.factories:
-            from arlctl.envs.swe.sandboxes import close_shared
-
-            await close_shared()
+        """Release what each env factory shares across its trajectories (the swe sandbox pool)."""
+        for factory in self.factories.values():
+            await factory.aclose()
 
     def __call__(self, name: str) -> Any:
         if name not in self.factories:
@@ -322,7 +321,7 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
     stats: counters the caller may watch while it runs (a progress display); fresh when None.
     log: one-line notices (policy reloads, backpressure waits).
     """
-    cfg, stats = job.cfg, stats or Stats()
+    cfg, stats, pol = job.cfg, stats or Stats(), as_policy(pol)
     spec = {"tasks": job.sources, "policy": job.policy_spec, **cfg.as_dict()}
     writer = GroupShardWriter(
         job.out, lambda: Lineage(stage="rollout", inputs=[], config_hash=config_hash(spec),
@@ -345,7 +344,7 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
                       env_for=job.envs)
         await writer.flush()
     finally:
-        backend_metrics = pol.metrics() if hasattr(pol, "metrics") else {}
+        backend_metrics = pol.metrics()
         await pol.close()
         await job.envs.aclose()
     elapsed = time.monotonic() - started

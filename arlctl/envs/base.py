@@ -1,9 +1,20 @@
-"""The Env protocol (DESIGN.md §7): what the agent loop talks to."""
+"""The Env protocol (DESIGN.md §7): what the agent loop talks to, and `as_env` for third-party envs.
+
+`Env` declares every member the loop uses. The built-in envs implement all of it; a plugin env needs
+only async reset/step/close, and `as_env` fills in the rest with the loop's defaults (by wrapping the
+object, not by a base class). ToolCall and ParseError belong to the tool-call parsers (arlctl.tools.calls);
+they are re-exported here so an env can take everything it needs from this one module.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from arlctl.errors import UsageError
+from arlctl.tools.calls import ParseError, ToolCall
+
+REQUIRED = ("reset", "step", "close")  # what every env object must have; as_env supplies the rest
 
 
 class EnvFailure(Exception):
@@ -11,21 +22,6 @@ class EnvFailure(Exception):
 
     An infrastructure failure, never the policy's: the rollout ends the trajectory as `env_error` (which
     filter drops) instead of showing the model an error observation and grading what is left."""
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-    id: str | None = None
-
-
-@dataclass
-class ParseError:
-    """A tool call the model wrote that could not be parsed; becomes an error observation."""
-
-    raw: str
-    message: str
 
 
 @dataclass
@@ -55,11 +51,113 @@ class StepResult:
 
 @runtime_checkable
 class Env(Protocol):
+    """One episode at a time; the loop makes one per trajectory (see EnvFactory)."""
+
     name: str
-    version: str
+    # Recorded in the `env_version` column. A plugin may hand back a non-string; the loop makes it text.
+    version: Any
+    # The tool-call format this env's tools are written for ("hermes", "llama3-json", "mistral"): the loop
+    # then reads calls with the chat family's parser. Anything else (None, "bash"): the env's own
+    # parse_action reads its turns.
+    tool_format: str | None
+    # Why the last final_state() was cut (e.g. a swe diff over its byte limit), else None; a cut row
+    # becomes status `truncated`.
+    final_state_truncated: str | None
+
+    def parse_action(self, text: str) -> Action | None:
+        """This env's own reading of an assistant turn, or None to leave it to the family's parser."""
+        ...
 
     async def reset(self, task: dict[str, Any]) -> EnvReset: ...
 
     async def step(self, action: Action) -> StepResult: ...
 
+    async def final_state(self) -> str | None:
+        """The artifact to grade when the loop ended the episode (a bound), not the agent; None if none."""
+        ...
+
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EnvFactory(Protocol):
+    """Makes the envs of one run, one per trajectory, and owns what they share (swe: its sandbox pools)."""
+
+    name: str
+
+    def __call__(self) -> Env: ...
+
+    async def aclose(self) -> None:
+        """Release what the envs shared (a no-op where they share nothing); call once when the run ends."""
+        ...
+
+
+class _AdaptedEnv:
+    """A third-party env object seen as a full Env: its own members where it has them, defaults elsewhere.
+
+    Attributes are read from the wrapped object on every access: an env sets `final_state_truncated`
+    while it runs, and may set the others late too.
+    """
+
+    def __init__(self, env: Any):
+        self.wrapped = env
+
+    @property
+    def name(self) -> str:
+        return getattr(self.wrapped, "name", type(self.wrapped).__name__)
+
+    @property
+    def version(self) -> Any:
+        return getattr(self.wrapped, "version", "")
+
+    @property
+    def tool_format(self) -> str | None:
+        return getattr(self.wrapped, "tool_format", None)
+
+    @property
+    def final_state_truncated(self) -> str | None:
+        return getattr(self.wrapped, "final_state_truncated", None)
+
+    def parse_action(self, text: str) -> Action | None:
+        own = getattr(self.wrapped, "parse_action", None)
+        return own(text) if own is not None else None
+
+    async def reset(self, task: dict[str, Any]) -> EnvReset:
+        return await self.wrapped.reset(task)
+
+    async def step(self, action: Action) -> StepResult:
+        return await self.wrapped.step(action)
+
+    async def final_state(self) -> str | None:
+        own = getattr(self.wrapped, "final_state", None)
+        return await own() if own is not None else None
+
+    async def close(self) -> None:
+        await self.wrapped.close()
+
+
+def missing_methods(obj: Any) -> list[str]:
+    """The required env methods `obj` lacks (empty for anything usable as an env)."""
+    return [method for method in REQUIRED if not callable(getattr(obj, method, None))]
+
+
+def as_env(obj: Any) -> Env:
+    """`obj` as a full Env: itself when it already is one (every built-in env), else wrapped with defaults.
+
+    The defaults: name = the class name, version "", tool_format None, parse_action -> None (the family's
+    parser reads the turn), final_state() -> None, final_state_truncated None. An object without async
+    reset/step/close is a UsageError.
+    """
+    if isinstance(obj, _AdaptedEnv):
+        return obj
+    missing = missing_methods(obj)
+    if missing:
+        raise UsageError(f"a {type(obj).__name__} without {', '.join(missing)} is not an env",
+                         hint="an env factory returns an object with async reset, step and close (README)")
+    if isinstance(obj, Env):  # runtime_checkable: every member present
+        return obj
+    return _AdaptedEnv(obj)
+
+
+__all__ = ["Action", "Env", "EnvFactory", "EnvFailure", "EnvReset", "ParseError", "StepResult", "ToolCall",
+           "as_env", "missing_methods"]

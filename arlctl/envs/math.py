@@ -219,6 +219,7 @@ class MathEnv:
     name = ENV_NAME
     version = ENV_VERSION
     tool_format = "hermes"  # which arlctl.tools parser reads this env's calls (see parse_action)
+    final_state_truncated = None  # an answer is never cut
 
     def __init__(self, on_no_action: str = "nudge", max_calls_per_turn: int = 8, tools: str = "calculator"):
         if on_no_action not in ("nudge", "end"):
@@ -287,6 +288,10 @@ class MathEnv:
             # A bad expression comes back as "error: ..." text but is the model's mistake, not the env's.
             return format_tool_result(call, calculate(call.arguments["expression"])), None
         return format_tool_result(call, error), error
+
+    async def final_state(self) -> str | None:
+        """None: an episode the loop cut short has no answer (the reward stage reads the response text)."""
+        return None
 
     async def close(self) -> None:
         self.task = None

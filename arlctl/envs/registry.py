@@ -9,7 +9,10 @@ A name resolves in this order:
    name that collides with a built-in one never replaces it (built-in wins; `arlctl envs` says so).
 Every failure to load out-of-tree code is a UsageError naming the spec or the distribution.
 
-An env factory is any callable returning an object with async reset/step/close (arlctl.envs.base.Env).
+An env maker is any callable returning an object with async reset/step/close; `make_env` calls it once.
+A run asks for an `env_factory(name, **options)` instead: it hands out full arlctl.envs.base.Env objects
+(`as_env` fills in what a plugin leaves out), one per trajectory, and `await factory.aclose()` at the end
+releases what its envs shared (swe: the sandbox pools; nothing for math, first-token and plugins).
 A reward function has the shape
     score(final_state, task, response_text) -> (reward, components, info)
 and a version string that the reward stage writes into `reward_version`. A plugin reward's version is
@@ -26,14 +29,13 @@ from functools import partial
 from importlib import metadata
 from typing import Any
 
-from arlctl.envs.base import Env
+from arlctl.envs.base import Env, EnvFactory, as_env, missing_methods
 from arlctl.errors import UsageError
 
-EnvFactory = Callable[..., Env]
+EnvMaker = Callable[..., Any]  # options -> an env object (a class, or a plugin's function)
 ScoreFn = Callable[..., tuple[float, dict[str, float], dict[str, Any]]]
 ENV_GROUP = "arlctl.envs"
 REWARD_GROUP = "arlctl.rewards"
-ENV_METHODS = ("reset", "step", "close")  # what the agent loop calls on every env
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,10 @@ class Source:
     distribution_version: str | None = None
 
 
-ENVS: dict[str, EnvFactory] = {}
+ENVS: dict[str, EnvMaker] = {}
+ENV_VERSIONS: dict[str, str] = {}  # built-in name -> its env version, for `arlctl envs`
+# Built-in names whose envs share something across a run: name -> maker of its EnvFactory(**options).
+SHARED_FACTORIES: dict[str, Callable[..., EnvFactory]] = {}
 REWARDS: dict[str, tuple[ScoreFn, str]] = {}  # name -> (score function, base version)
 SOURCES: dict[tuple[str, str], Source] = {}  # (what, name) -> source of plugins loaded in this process
 # Modules that register an env, its reward and its builtin task source when imported (on first use).
@@ -61,8 +66,14 @@ PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy"}
 _PLUGIN_TABLES = {"env": (ENVS, ENV_GROUP), "reward": (REWARDS, REWARD_GROUP)}
 
 
-def register_env(name: str, factory: EnvFactory) -> None:
-    ENVS[name] = factory
+def register_env(name: str, make: EnvMaker, *, version: str | None = None,
+                 factory: Callable[..., EnvFactory] | None = None) -> None:
+    """Register an env maker; `factory` when a run's envs share something (it makes the EnvFactory)."""
+    ENVS[name] = make
+    if version is not None:
+        ENV_VERSIONS[name] = version
+    if factory is not None:
+        SHARED_FACTORIES[name] = factory
 
 
 def register_reward(name: str, score: ScoreFn, version: str) -> None:
@@ -180,24 +191,66 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def make_env(name: str, **options: Any) -> Env:
-    """A fresh environment instance; options go to its constructor (e.g. on_no_action="end")."""
+def make_env(name: str, **options: Any) -> Any:
+    """A fresh environment instance; options go to its constructor (e.g. on_no_action="end").
+
+    A built-in env is a full Env; a plugin's object comes back as it is (checked for reset/step/close), so
+    callers that still probe its optional members see them as the plugin wrote them. `env_factory` (what
+    a run uses) hands out full Envs: as_env(make_env(...)).
+    """
     _ensure(name, ENVS, "env")
     try:
         env = ENVS[name](**options)
     except TypeError as exc:
         raise UsageError(f"bad option for env {name!r}: {exc}") from None
-    missing = [method for method in ENV_METHODS if not callable(getattr(env, method, None))]
+    missing = missing_methods(env)
     if missing:  # e.g. a spec naming the wrong function: say so now, not as an AttributeError per row
         raise UsageError(f"env {name!r} made a {type(env).__name__} without {', '.join(missing)}",
                          hint="an env factory returns an object with async reset, step and close (README)")
     return env
 
 
-def resolve_env(name: str) -> EnvFactory:
-    """The factory a name resolves to, loading plugins; a UsageError for an unknown or broken name."""
+def resolve_env(name: str) -> EnvMaker:
+    """The maker a name resolves to, loading plugins; a UsageError for an unknown or broken name."""
     _ensure(name, ENVS, "env")
     return ENVS[name]
+
+
+class PlainEnvFactory:
+    """The EnvFactory of an env whose instances share nothing: each call is `make_env(name, **options)`."""
+
+    def __init__(self, name: str, options: dict[str, Any]):
+        self.name, self.options = name, dict(options)
+
+    def __call__(self) -> Env:
+        # make_env looked up per call: a maker that fails per trajectory is an env_error row, not a crash
+        return as_env(make_env(self.name, **self.options))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def env_factory(name: str, **options: Any) -> EnvFactory:
+    """The factory of one run's `name` envs (options checked now): call it per trajectory, aclose() at the end."""
+    _ensure(name, ENVS, "env")
+    if name in SHARED_FACTORIES:
+        try:
+            return SHARED_FACTORIES[name](**options)
+        except TypeError as exc:
+            raise UsageError(f"bad option for env {name!r}: {exc}") from None
+    _check_options(name, ENVS[name], options)
+    return PlainEnvFactory(name, options)
+
+
+def _check_options(name: str, make: EnvMaker, options: dict[str, Any]) -> None:
+    try:
+        signature = inspect.signature(make)
+    except (TypeError, ValueError):  # no signature to check (a C callable): the first env will tell
+        return
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        raise UsageError(f"bad option for env {name!r}: {exc}") from None
 
 
 def get_reward(name: str, **options: Any) -> Reward:
@@ -224,10 +277,6 @@ def get_reward(name: str, **options: Any) -> Reward:
     return Reward(name=name, version=version, score=score)
 
 
-def get_reward_fn(name: str, **options: Any) -> ScoreFn:
-    return get_reward(name, **options).score
-
-
 def list_envs() -> list[str]:
     return sorted(set(ENVS) | set(PROVIDERS))
 
@@ -249,7 +298,7 @@ def catalog(what: str) -> list[dict[str, Any]]:
         if name in table:
             obj = table[name][0] if what == "reward" else table[name]
             entry["module"] = obj.__module__
-            entry["version"] = table[name][1] if what == "reward" else _plain_version(getattr(obj, "version", None))
+            entry["version"] = table[name][1] if what == "reward" else ENV_VERSIONS.get(name)
         entries.append(entry)
     builtins = builtin_names(what)
     for name, claims in sorted(entry_points(group).items()):
@@ -274,7 +323,7 @@ def _plain_version(value: Any) -> str | None:
 def _register_builtin() -> None:
     from arlctl.envs import math as math_env
 
-    register_env(math_env.ENV_NAME, math_env.MathEnv)
+    register_env(math_env.ENV_NAME, math_env.MathEnv, version=math_env.ENV_VERSION)
     register_reward(math_env.ENV_NAME, math_env.score, math_env.REWARD_VERSION)
 
 

@@ -21,6 +21,8 @@ REWARD_VERSION = "first-token-1"
 class FirstTokenEnv:
     name = ENV_NAME
     version = ENV_VERSION
+    tool_format = None  # no tools: the reply text is the whole action (parse_action), never a parser's
+    final_state_truncated = None
 
     def parse_action(self, text: str) -> Action:
         return Action(text=text)
@@ -30,6 +32,9 @@ class FirstTokenEnv:
 
     async def step(self, action: Action) -> StepResult:
         return StepResult(observations=[], done=True, final_state=action.text, finish_reason="submit")
+
+    async def final_state(self) -> str | None:
+        return None  # the episode always ends at its one step, with the reply as the final state
 
     async def close(self) -> None:
         pass
@@ -52,5 +57,5 @@ def _builtin(options: dict[str, str]) -> list[dict[str, Any]]:
              "prompt": f"Write a word after {words[(seed * 7 + i) % len(words)]} number {i}."} for i in range(n)]
 
 
-register_env(ENV_NAME, FirstTokenEnv)
+register_env(ENV_NAME, FirstTokenEnv, version=ENV_VERSION)
 register_reward(ENV_NAME, score, REWARD_VERSION)

@@ -181,6 +181,11 @@ class HFPolicy:
                 "waiting": len(self._pending)}
 
     @property
+    def vocab_size(self) -> int:
+        """Sampled ids must decode: the tokenizer's size, not the model's (possibly padded) embedding rows."""
+        return len(self.tokenizer)
+
+    @property
     def max_context(self) -> int:
         """Prompt plus response tokens the model can attend over."""
         return int(getattr(self._model.config, "max_position_embeddings", 0) or 1 << 30)

@@ -123,6 +123,8 @@ class StickyRouter:
 class OpenAIPolicy:
     """A Policy over one or more OpenAI-compatible servers, with sticky routing, retries and failover."""
 
+    max_context = None  # the servers know their context; the rollout's --max-context bounds prompts here
+
     def __init__(self, servers: list[str], tokenizer_path: str, *, name: str | None = None, version: int = 0,
                  model: str | None = None, api_key: str | None = None, flavor: str = "vllm",
                  timeout_s: float = 600.0, retries: int = 4, backoff_s: float = 0.5, down_s: float = 5.0,
@@ -147,6 +149,10 @@ class OpenAIPolicy:
         self.stats = {"requests": 0, "retries": 0, "failovers": 0, "generated_tokens": 0, "in_flight": 0}
 
     # ---- the Policy protocol ----
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)  # sampled ids must decode with the tokenizer the rollout uses
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model

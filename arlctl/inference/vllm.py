@@ -127,6 +127,10 @@ class VLLMPolicy:
 
     # ---- the Policy protocol ----
 
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)  # sampled ids must decode (the model's padded rows are never valid)
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         from vllm import SamplingParams as VllmSampling
         from vllm.inputs import TokensPrompt

@@ -6,9 +6,9 @@
     async with pool.acquire(snapshot="/path/to/task-42") as sb: ...   # one pool, many task snapshots
 
 Backends: `bwrap` (bwrap.py, the default on Linux), `docker` (docker.py) and `subprocess` (process.py,
-insecure, refused unless insecure=True, i.e. the CLI's --insecure-sandbox). Besides the protocol, every
-backend has `health()`, `set_snapshot(path)` and a `tainted` flag (set after a timeout, OOM kill or
-crash) that the pool uses to replace rather than reuse a sandbox.
+insecure, refused unless insecure=True, i.e. the CLI's --insecure-sandbox). The protocol includes what
+the pool needs: `health()`, `set_snapshot(path)`, and the `tainted` flag with its `taint_reason` (set
+after a timeout, OOM kill or crash) that make the pool replace rather than reuse a sandbox.
 """
 
 from __future__ import annotations

@@ -23,7 +23,14 @@ class ExecResult:
 
 @runtime_checkable
 class Sandbox(Protocol):
+    """One isolated workspace. Every backend (bwrap.py, docker.py, process.py) implements all of it;
+    the pool (pool.py) uses snapshot, tainted, taint_reason, health and set_snapshot to check, switch
+    and replace sandboxes."""
+
     workdir: str  # the writable workspace path as seen by commands inside the sandbox
+    snapshot: str | None  # the directory the workspace starts as (and reset returns it to)
+    tainted: bool  # set after a timeout, OOM kill or crash: the pool replaces, never reuses, it
+    taint_reason: str | None  # why, where the backend can tell (timeout, oom, pids_limit, ...); else None
 
     async def exec(
         self, cmd: str | list[str], timeout: float = 30.0, stdin: bytes | None = None
@@ -39,6 +46,14 @@ class Sandbox(Protocol):
 
     async def reset(self) -> None:
         """Return the workspace to its pristine snapshot and kill anything left running."""
+        ...
+
+    async def health(self, timeout: float = 2.0) -> bool:
+        """Whether the sandbox still answers within `timeout`; False (never an exception) when it does not."""
+        ...
+
+    async def set_snapshot(self, snapshot: str | None) -> None:
+        """Make `snapshot` the workspace's pristine state (one pool serves many tasks) and reset to it."""
         ...
 
     async def close(self) -> None: ...

@@ -97,6 +97,7 @@ class BwrapSandbox:
         self.id = uuid.uuid4().hex[:12]
         self.root = Path(root_dir or default_root()) / self.id
         self.tainted = False  # set after a timeout, OOM kill or crash: the pool replaces, never reuses
+        self.taint_reason: str | None = None  # no finer cause than `tainted` here: the pool counts that
         self.disk_limited = False
         self.cgroup: SandboxCgroup | None = None
         self._proc: asyncio.subprocess.Process | None = None

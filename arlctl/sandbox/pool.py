@@ -10,7 +10,7 @@ Release never blocks the caller: the returned sandbox is reset (workspace back t
 leftover processes killed) in the background and only then goes back to the idle queue. A sandbox that
 timed out, was OOM-killed, raised SandboxError or fails its health check is closed and replaced by a
 fresh one rather than reused; `stats().replacement_causes` counts why (the backend's `taint_reason`
-where it has one: timeout, oom, pids_limit, ...; else tainted, error, reset_failed, health_check).
+when it gives one: timeout, oom, pids_limit, ...; else tainted, error, reset_failed, health_check).
 Waiting for a free sandbox is bounded (`max_wait_s`); the time every acquire spent queued is recorded.
 """
 
@@ -98,19 +98,19 @@ class SandboxPool:
 
     @contextlib.asynccontextmanager
     async def acquire(self, snapshot: str | None = None) -> AsyncIterator[Sandbox]:
-        """Hold a healthy sandbox; with `snapshot`, its workspace is first switched to that task's snapshot
-        (backends with `set_snapshot`), so one pool can serve many tasks."""
+        """Hold a healthy sandbox; with `snapshot`, its workspace is first switched to that task's snapshot,
+        so one pool can serve many tasks."""
         sb = await self._take()
         spoiled = False
         try:
-            if snapshot is not None and getattr(sb, "snapshot", None) != snapshot:
+            if snapshot is not None and sb.snapshot != snapshot:
                 await sb.set_snapshot(snapshot)
             yield sb
         except SandboxError:
             spoiled = True
             raise
         finally:
-            self._spawn(self._recycle(sb, spoiled or bool(getattr(sb, "tainted", False))))
+            self._spawn(self._recycle(sb, spoiled or sb.tainted))
 
     async def _take(self) -> Sandbox:
         if self._closed:
@@ -133,11 +133,8 @@ class SandboxPool:
             self._spawn(self._replace(sb, "health_check"))
 
     async def _healthy(self, sb: Sandbox) -> bool:
-        check = getattr(sb, "health", None)
         try:
-            if check is not None:
-                return bool(await check(self.health_timeout_s))
-            return (await sb.exec("true", timeout=self.health_timeout_s)).exit_code == 0
+            return bool(await sb.health(self.health_timeout_s))
         except Exception:  # any failure to answer is a failed check, never an error for the caller
             return False
 
@@ -160,8 +157,7 @@ class SandboxPool:
                 log.warning("sandbox reset failed (%s); replacing it", e)
                 await self._replace(sb, "reset_failed")
                 return
-        tainted = "tainted" if getattr(sb, "tainted", False) else "error"
-        await self._replace(sb, getattr(sb, "taint_reason", None) or tainted)
+        await self._replace(sb, sb.taint_reason or ("tainted" if sb.tainted else "error"))
 
     async def _replace(self, sb: Sandbox, cause: str) -> None:
         self._all.discard(sb)

@@ -49,6 +49,7 @@ class SubprocessSandbox:
             **(env or {}),
         }
         self.tainted = False
+        self.taint_reason: str | None = None  # no finer cause than `tainted` here: the pool counts that
         self._lock = asyncio.Lock()
         self._closed = False
 

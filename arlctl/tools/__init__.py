@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from arlctl.envs.base import ParseError, ToolCall
 from arlctl.tools.bash_blocks import parse_bash_blocks
+from arlctl.tools.calls import ParseError, ToolCall
 from arlctl.tools.hermes import parse_hermes
 from arlctl.tools.llama3_json import parse_llama3_json
 from arlctl.tools.mistral import parse_mistral

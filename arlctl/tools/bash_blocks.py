@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.calls import ParseError, ToolCall
 
 BASH_TOOL_NAME = "bash"
 # A fence opens at the start of a line: ```bash, optional spaces, newline; it closes at a line of ```.
@@ -59,17 +59,3 @@ def parse_bash_blocks(text: str, allow_none: bool = False) -> tuple[list[ToolCal
     if not command.strip():
         return [], [ParseError(raw=blocks[0].group(0), message=f"the ```bash block is empty. {_RULE}")]
     return [ToolCall(name=BASH_TOOL_NAME, arguments={"command": command}, id="call_0")], []
-
-
-BASH_TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": BASH_TOOL_NAME,
-        "description": "Run one shell command in the task's sandbox and return its exit code and output.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "the command line to run"}},
-            "required": ["command"],
-        },
-    },
-}

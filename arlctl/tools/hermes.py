@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.calls import ParseError, ToolCall
 from arlctl.tools.schema import checked_call, decode_call_object, tool_function, tool_names, validate_call
 
 # The schema helpers moved to arlctl.tools.schema (all parsers share them); re-exported for old importers.

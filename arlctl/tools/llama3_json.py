@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.calls import ParseError, ToolCall
 from arlctl.tools.schema import checked_call, decode_call_object
 
 PYTHON_TAG = "<|python_tag|>"

@@ -20,7 +20,7 @@ import re
 import string
 from typing import Any
 
-from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.calls import ParseError, ToolCall
 from arlctl.tools.schema import checked_call, decode_call_object
 
 TOOL_CALLS = "[TOOL_CALLS]"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.calls import ParseError, ToolCall
 from arlctl.tools.hermes import CLOSE_TAG, OPEN_TAG, tool_function
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from arlctl.envs.base import ParseError, ToolCall
+from arlctl.tools.calls import ParseError, ToolCall
 
 # JSON-schema type name -> Python types accepted for it (bool is not a number, though it is an int).
 _JSON_TYPES: dict[str, tuple[type, ...]] = {

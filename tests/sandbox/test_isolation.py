@@ -483,9 +483,8 @@ def test_a_rollout_records_a_hostile_snapshot_as_env_error(bwrap_kind, tmp_path,
     """Through the real rollout stage and SweEnv: the row ends as env_error with the cause, the batch
     goes on, and no sandbox ever sees the directory."""
     pytest.importorskip("transformers")
-    from arlctl.envs.swe.env import SweEnv
-    from arlctl.envs.swe.sandboxes import close_shared
-    from arlctl.inference.oracle import OraclePolicy
+    from arlctl.envs.swe.env import SweEnvFactory
+    from arlctl.envs.swe.oracle import OraclePolicy
     from arlctl.stages.rollout import RolloutConfig, Stats, rollout
 
     home, base = snapshot_home
@@ -509,10 +508,11 @@ def test_a_rollout_records_a_hostile_snapshot_as_env_error(bwrap_kind, tmp_path,
         rows.extend(group)
 
     async def go():
+        envs = SweEnvFactory(sandboxes=1)
         try:
-            await rollout(tasks, OraclePolicy(tokenizer), lambda: SweEnv(sandboxes=1), cfg, sink, stats=stats)
+            await rollout(tasks, OraclePolicy(tokenizer), envs, cfg, sink, stats=stats)
         finally:
-            await close_shared()
+            await envs.aclose()
 
     run(go())
     assert sorted((r.task_id, r.status) for r in rows) == [("to-etc", "env_error"), ("to-root", "env_error")]

@@ -260,14 +260,8 @@ class HostileEnv:
 def run_to_shards(policy, tasks, cfg, env_factory, out) -> tuple[Stats, list[dict]]:
     async def main():
         writer = GroupShardWriter(out, lambda: Lineage(stage="rollout"), flush_groups=100)
-        try:
-            stats = await rollout(tasks, policy, env_factory, cfg, writer.add_group)
-            await writer.flush()
-        finally:
-            if cfg.env == "swe":  # the warm sandbox pool lives in this event loop: close it here
-                from arlctl.envs.swe.sandboxes import close_shared
-
-                await close_shared()
+        stats = await rollout(tasks, policy, env_factory, cfg, writer.add_group)  # a swe env closes its own pool
+        await writer.flush()
         return stats
 
     stats = asyncio.run(main())

@@ -8,7 +8,6 @@ from swe_helpers import run
 from arlctl.envs.base import Action, ToolCall
 from arlctl.envs.registry import make_env
 from arlctl.envs.swe.env import SweEnv
-from arlctl.envs.swe.sandboxes import close_shared
 from arlctl.envs.swe.tasks import load_suite_task
 from arlctl.errors import UsageError
 
@@ -24,8 +23,7 @@ def episode(script, **env_options):
             reset = await env.reset(load_suite_task(TASK))
             return await script(env, reset)
         finally:
-            await env.close()
-            await close_shared()
+            await env.close()  # also closes the env's own sandbox pool
 
     return run(go())
 

@@ -34,7 +34,6 @@ from arlctl.envs.base import Action, ToolCall
 from arlctl.envs.swe.diffs import filter_diff
 from arlctl.envs.swe.env import SweEnv
 from arlctl.envs.swe.grader import grade, grading_mode
-from arlctl.envs.swe.sandboxes import close_shared
 from arlctl.envs.swe.scan import scan_diff, scan_source
 from arlctl.envs.swe.tasks import builtin_swe, load_suite_task, prepare_snapshot
 
@@ -407,7 +406,6 @@ async def _episode(task, calls):
         return result.final_state
     finally:
         await env.close()
-        await close_shared()
 
 
 @pytest.mark.parametrize("name", sorted(NEW_ATTACKS))

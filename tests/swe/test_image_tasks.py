@@ -24,7 +24,6 @@ from swe_helpers import run
 
 from arlctl.envs.swe.env import SweEnv
 from arlctl.envs.swe.grader import sandbox_factory, score, self_check
-from arlctl.envs.swe.sandboxes import close_shared
 from arlctl.envs.swe.tasks import SUITE_DIR, prepare_snapshot
 from arlctl.errors import UsageError
 
@@ -192,7 +191,6 @@ def test_policy_workspace_has_no_future_commits(images):
             return env.base_commit, seen, tests
         finally:
             await env.close()
-            await close_shared()
 
     head, seen, tests = run(scenario())
     commits = seen["all_commits"].split()

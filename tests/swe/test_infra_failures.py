@@ -131,8 +131,7 @@ class _KilledMidEpisode:
 
 def _oracle_rollout(tokenizer, env_factory, **options):
     """The real rollout stage on stockroom-001 with the oracle policy (its gold fix, as tool calls)."""
-    from arlctl.envs.swe.sandboxes import close_shared
-    from arlctl.inference.oracle import OraclePolicy
+    from arlctl.envs.swe.oracle import OraclePolicy
     from arlctl.stages.rollout import RolloutConfig, rollout
 
     cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256, **options)
@@ -141,11 +140,8 @@ def _oracle_rollout(tokenizer, env_factory, **options):
     async def sink(group):
         rows.extend(group)
 
-    async def go():
-        try:
-            return await rollout([load_suite_task("stockroom-001")], OraclePolicy(tokenizer), env_factory, cfg, sink)
-        finally:
-            await close_shared()
+    async def go():  # each env here wraps a SweEnv of its own, which closes its own pool
+        return await rollout([load_suite_task("stockroom-001")], OraclePolicy(tokenizer), env_factory, cfg, sink)
 
     return run(go()), rows
 

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 from swe_helpers import run
 
-from arlctl.envs.swe.env import SweEnv
+from arlctl.envs.swe.env import SweEnvFactory
 from arlctl.envs.swe.grader import score
-from arlctl.envs.swe.sandboxes import close_shared
+from arlctl.envs.swe.oracle import OraclePolicy, gold_tool_calls, load_oracle, render_calls
 from arlctl.envs.swe.tasks import load_suite_task, prepare_snapshot, suite_ids
 from arlctl.errors import UsageError
 from arlctl.inference.base import SamplingParams
-from arlctl.inference.oracle import OraclePolicy, gold_tool_calls, load_oracle, render_calls
 
 
 def _apply_calls(root: Path, calls: list[dict]) -> None:
@@ -105,10 +104,11 @@ def _rollout(task_ids: list[str], tokenizer) -> list:
         rows.extend(group)
 
     async def go():
+        envs = SweEnvFactory(sandboxes=2)
         try:
-            await rollout(tasks, policy, lambda: SweEnv(sandboxes=2), cfg, sink)
+            await rollout(tasks, policy, envs, cfg, sink)
         finally:
-            await close_shared()
+            await envs.aclose()
         return [await score(r.final_state, load_suite_task(r.task_id)) for r in rows]
 
     return list(zip(rows, run(go()), strict=True))

@@ -334,7 +334,6 @@ def test_serving_fake_test_modules_through_an_import_hook(task, bwrap):
 def test_no_gold_patch_or_future_commits_reachable(task, bwrap):
     """Inside a policy sandbox: one commit, no hidden tests, no gold line, no suite files from the host."""
     from arlctl.envs.swe.env import SweEnv
-    from arlctl.envs.swe.sandboxes import close_shared
 
     gold_line = FIX[1]
     hidden_name = task["FAIL_TO_PASS"][0].split("::")[1]
@@ -355,7 +354,6 @@ def test_no_gold_patch_or_future_commits_reachable(task, bwrap):
             return {name: (await env.sandbox.exec(cmd, timeout=60)).stdout.split() for name, cmd in checks.items()}
         finally:
             await env.close()
-            await close_shared()
 
     seen = run(probe())
     assert seen == {"commits": ["1"], "objects": ["0", "0"], "files": ["0"], "host": ["0"], "task_json": ["0"]}

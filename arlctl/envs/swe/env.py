@@ -5,14 +5,15 @@ Two action styles:
                           create_file, run_tests, submit.
   mode="text"             mini-swe-agent style: exactly one ```bash block per turn; the command
                           `echo SUBMIT` (or `submit`) ends the episode.
-The workspace is the task's one-commit snapshot (tasks.prepare_snapshot) in a sandbox leased from a
-warm pool; for an image task (docker only) the sandbox runs the task's image with the snapshot
-mounted over its repo_dir. Tool failures are observations, never exceptions. On submit (and from
-`final_state()` when the loop ends otherwise) the episode's artifact is the diff of the workspace
-against the snapshot's commit, new files included, computed with a private git index so the agent's
-.git edits cannot hide it. A diff over `max_diff_bytes` is cut at a line, starts with the
-DIFF_TRUNCATED marker line, and `final_state_truncated` says why: the rollout records such a row as
-status `truncated`, and `diff_truncation()` lets the grader refuse to score a partial patch.
+The workspace is the task's one-commit snapshot (tasks.prepare_snapshot) in a sandbox leased from a warm
+pool (SweEnvFactory holds the pools of one run, shared by its envs); for an image task (docker only) the
+sandbox runs the task's image with the snapshot mounted over its repo_dir. Tool failures are
+observations, never exceptions. On submit (and from `final_state()` when the loop ends otherwise) the
+episode's artifact is the diff of the workspace against the snapshot's commit, new files included,
+computed with a private git index so the agent's .git edits cannot hide it. A diff over `max_diff_bytes`
+is cut at a line, starts with the DIFF_TRUNCATED marker line, and `final_state_truncated` says why: the
+rollout records such a row as status `truncated`, and `diff_truncation()` lets the grader refuse to score
+a partial patch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import shlex
 from typing import Any
 
 from arlctl.envs.base import Action, EnvFailure, EnvReset, StepResult, ToolCall
-from arlctl.envs.swe.sandboxes import Lease, Provider, shared_provider
+from arlctl.envs.swe.sandboxes import Lease, PoolProvider, Provider
 from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot, sandbox_options
 from arlctl.envs.swe.tools import HANDLERS
 from arlctl.errors import TerminalError, UsageError
@@ -82,7 +83,11 @@ USER_TEMPLATE = """Repository: {repo} (task {instance_id})
 
 
 class SweEnv:
-    """One episode of one swe task over one leased sandbox. The loop builds one per trajectory."""
+    """One episode of one swe task over one leased sandbox. The loop builds one per trajectory.
+
+    Its sandboxes come from `provider` (a run's SweEnvFactory passes its shared one); an env made on
+    its own (`make_env("swe")`) leases from a private one-sandbox provider and closes it in close().
+    """
 
     name = ENV_NAME
     version = ENV_VERSION
@@ -104,6 +109,11 @@ class SweEnv:
         self.task: dict[str, Any] | None = None
         self.lease: Lease | None = None
         self.base_commit = ""
+        self._private: PoolProvider | None = None  # made when no provider was given; closed by close()
+
+    def new_provider(self, sandboxes: int | None = None) -> PoolProvider:
+        """A provider of this env's sandbox kind and limits (`sandboxes` held at once; default: its own)."""
+        return PoolProvider(self.kind, sandboxes=sandboxes or self.sandboxes, insecure=self.insecure, **self.limits)
 
     # ---- the Env protocol ---------------------------------------------------------------------------
 
@@ -122,7 +132,7 @@ class SweEnv:
         # Image tasks (SWE-bench images) need the docker backend; this refuses them elsewhere, clearly.
         options = await asyncio.to_thread(sandbox_options, task, self.kind)
         snapshot = await asyncio.to_thread(prepare_snapshot, task)
-        provider = self.provider or shared_provider(self.kind, self.sandboxes, self.insecure, **self.limits)
+        provider = self.provider or self._private_provider()
         self.lease = await (provider.acquire(snapshot, options) if options else provider.acquire(snapshot))
         self.task = task
         head = await self.sandbox.exec(_git("rev-parse HEAD"), timeout=self.command_timeout)
@@ -164,6 +174,9 @@ class SweEnv:
     async def close(self) -> None:
         await self._release()
         self.task = None
+        private, self._private = self._private, None
+        if private is not None:
+            await private.close()
 
     # ---- the artifact -------------------------------------------------------------------------------
 
@@ -239,6 +252,11 @@ class SweEnv:
         omitted = len(text) - head - tail
         return text[:head] + TRUNCATION_MARKER.format(omitted=omitted) + text[-tail:]
 
+    def _private_provider(self) -> PoolProvider:
+        if self._private is None:
+            self._private = self.new_provider(sandboxes=1)  # one episode holds one sandbox
+        return self._private
+
     async def _release(self) -> None:
         lease, self.lease = self.lease, None
         if lease is not None:
@@ -266,5 +284,33 @@ def diff_truncation(final_state: str | None) -> tuple[int, int | None] | None:
     return int(match.group(1)), None if match.group(2) == "unknown" else int(match.group(2))
 
 
-def make_swe_env(**options: Any) -> SweEnv:
-    return SweEnv(**options)
+class SweEnvFactory:
+    """The swe envs of one run: each call makes a SweEnv, and all of them lease sandboxes from one
+    PoolProvider (warm pools per snapshot, at most `sandboxes` held at once) that `aclose()` closes.
+
+    The factory is the envs' provider: the PoolProvider is made on the first acquire, inside the run's
+    event loop, and an acquire from a later event loop (a previous asyncio.run's pools died with their
+    loop) starts a fresh one. A `provider` option is used as given and never closed here.
+    """
+
+    name = ENV_NAME
+
+    def __init__(self, **options: Any):
+        self._template = SweEnv(**options)  # checks the options now; it never resets, so holds nothing
+        self.options = options
+        self._provider: PoolProvider | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self) -> SweEnv:
+        return SweEnv(**{**self.options, "provider": self.options.get("provider") or self})
+
+    async def acquire(self, snapshot: str, options: dict[str, Any] | None = None) -> Lease:
+        loop = asyncio.get_running_loop()
+        if self._provider is None or self._loop is not loop:
+            self._provider, self._loop = self._template.new_provider(), loop
+        return await self._provider.acquire(snapshot, options)
+
+    async def aclose(self) -> None:
+        provider, self._provider, self._loop = self._provider, None, None
+        if provider is not None:
+            await provider.close()

@@ -1,10 +1,10 @@
-"""Where SweEnv gets its sandboxes: warm pools per task snapshot, shared by every env of an event loop.
+"""Where SweEnv gets its sandboxes: warm pools per task snapshot, shared by the envs of one run.
 
-The rollout makes one SweEnv per trajectory; they share a `PoolProvider` (one per event loop, kind and
-limits) that keeps one warm pool per repository snapshot (and per image, for image tasks), at most
-`max_pools` pools alive (idle ones are closed least recently used first), and at most `sandboxes`
-sandboxes held at once. Tests and callers may pass their own provider, or wrap one pool for a single
-snapshot with `SinglePool`.
+The rollout makes one SweEnv per trajectory from one `SweEnvFactory` (env.py); they share the factory's
+`PoolProvider`, which keeps one warm pool per repository snapshot (and per image, for image tasks), at
+most `max_pools` pools alive (idle ones are closed least recently used first), and at most `sandboxes`
+sandboxes held at once. The factory owns the provider and closes it in `aclose()`; nothing here is
+process-global. Tests and callers may pass their own provider.
 """
 
 from __future__ import annotations
@@ -52,16 +52,6 @@ async def lease_from(pool: SandboxPool, on_release=None) -> _PoolLease:
     context = pool.acquire()
     sandbox = await context.__aenter__()
     return _PoolLease(sandbox, context, on_release)
-
-
-class SinglePool:
-    """A provider over one pool the caller started (its snapshot must be the task's)."""
-
-    def __init__(self, pool: SandboxPool):
-        self.pool = pool
-
-    async def acquire(self, snapshot: str, options: dict[str, Any] | None = None) -> Lease:
-        return await lease_from(self.pool)
 
 
 class PoolProvider:
@@ -123,24 +113,3 @@ class PoolProvider:
         pools, self._pools = list(self._pools.values()), OrderedDict()
         for pool in pools:
             await pool.close()
-
-
-_SHARED: dict[tuple, PoolProvider] = {}
-
-
-def shared_provider(kind: str, sandboxes: int, insecure: bool, **limits: Any) -> PoolProvider:
-    """The provider every SweEnv of the running event loop with these settings uses."""
-    loop = asyncio.get_running_loop()
-    key = (id(loop), kind, sandboxes, insecure, tuple(sorted(limits.items())))
-    for stale in [k for k, p in _SHARED.items() if k[0] != id(loop) and p is not None]:
-        _SHARED.pop(stale)  # a previous asyncio.run's loop: its pools died with it
-    if key not in _SHARED:
-        _SHARED[key] = PoolProvider(kind, sandboxes=sandboxes, insecure=insecure, **limits)
-    return _SHARED[key]
-
-
-async def close_shared() -> None:
-    """Close every shared pool of the running loop (call once when a rollout ends)."""
-    loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _SHARED if k[0] == loop_id]:
-        await _SHARED.pop(key).close()

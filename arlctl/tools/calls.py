@@ -1,0 +1,25 @@
+"""What a tool-call parser produces: the calls a model wrote and the ones it botched.
+
+These live with the parsers (tools/ is below envs/); arlctl.envs.base re-exports both, so an env
+that imports them from there keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass
+class ParseError:
+    """A tool call the model wrote that could not be parsed; becomes an error observation."""
+
+    raw: str
+    message: str
