@@ -32,10 +32,12 @@ import pyarrow.parquet as pq
 
 from arlctl.errors import CorruptShardError
 from arlctl.io.fs import basename, get_fs, is_local, join
-from arlctl.io.layout import RunDir
+from arlctl.io.ledger import LATEST, MANIFEST_DIR, STATE_FILE, VERSION_FILE
+from arlctl.io.run import RunLayout
 from arlctl.io.shards import read_shard, scan
 
-MANIFEST_DIR = "_filter"  # stages/filter.py MANIFEST_DIR
+# The audit reads checkpoints/, policy/ and the filter manifests itself instead of through arlctl/io/ledger.py
+# on purpose: it is the checker of the ledger, so a bug there must not hide from it. Only the names are shared.
 NAMED_RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where")
 
 
@@ -69,7 +71,7 @@ class AuditReport:
 def audit_run(run: str, drained: bool = True, latest_history: list[int] | None = None,
               max_problems: int = 50) -> AuditReport:
     """Audit `run` (see the module docstring). `latest_history`: LATEST versions in observed order."""
-    rd = RunDir(run)
+    rd = RunLayout(run)
     report = AuditReport(run=run, drained=drained)
     get_fs(run)[0].invalidate_cache()  # s3fs caches listings per process: see what others wrote since
     problems = report.problems
@@ -191,10 +193,10 @@ def _hidden_files(url: str) -> int:
     return sum(1 for e in entries if basename(e["name"]).startswith(".") and e["type"] == "file")
 
 
-def _check_dirs(rd: RunDir, report: AuditReport) -> None:
+def _check_dirs(rd: RunLayout, report: AuditReport) -> None:
     """checkpoints/ holds only complete step dirs; policy/ only complete version dirs and LATEST."""
-    for kind, prefix, marker, extra in (("checkpoints", "step-", "state.json", ()),
-                                        ("policy", "v", "version.json", ("LATEST",))):
+    for kind, prefix, marker, extra in (("checkpoints", "step-", STATE_FILE, ()),
+                                        ("policy", "v", VERSION_FILE, (LATEST,))):
         fs, entries = _ls(rd.path(kind))
         for entry in entries:
             name = basename(entry)
@@ -226,13 +228,13 @@ def _trainer_state(ckpt_url: str) -> dict[str, Any]:
                    if basename(e).startswith("step-") and basename(e)[5:].isdigit())
     for _, entry in reversed(steps):
         try:
-            return json.loads(fs.cat_file(f"{entry.rstrip('/')}/state.json"))
+            return json.loads(fs.cat_file(f"{entry.rstrip('/')}/{STATE_FILE}"))
         except FileNotFoundError:
             continue
     return {"step": 0, "consumed_batches": []}
 
 
-def _filter_drops(rd: RunDir, problems: list[str]) -> dict[str, str]:
+def _filter_drops(rd: RunLayout, problems: list[str]) -> dict[str, str]:
     """{trajectory id: rule} from the audits of finished filter invocations (those with a manifest)."""
     _, entries = _ls(join(rd.batches, MANIFEST_DIR))
     finished = {basename(e)[: -len(".json")] for e in entries if e.endswith(".json")}
@@ -259,7 +261,7 @@ def _filter_drops(rd: RunDir, problems: list[str]) -> dict[str, str]:
     return drops
 
 
-def _check_versions(rd: RunDir, report: AuditReport, history: list[int]) -> None:
+def _check_versions(rd: RunLayout, report: AuditReport, history: list[int]) -> None:
     if any(b < a for a, b in zip(history, history[1:])):
         report.problems.append(f"policy/LATEST went backwards: {history}")
     fs, entries = _ls(rd.policy)
@@ -269,7 +271,7 @@ def _check_versions(rd: RunDir, report: AuditReport, history: list[int]) -> None
         name = basename(entry)
         if name.startswith("v") and name[1:].isdigit():
             try:
-                info = json.loads(fs.cat_file(f"{entry.rstrip('/')}/version.json"))
+                info = json.loads(fs.cat_file(f"{entry.rstrip('/')}/{VERSION_FILE}"))
             except FileNotFoundError:
                 continue
             created.append((int(name[1:]), float(info.get("created_at") or 0)))
@@ -278,7 +280,7 @@ def _check_versions(rd: RunDir, report: AuditReport, history: list[int]) -> None
     if any(b[1] < a[1] for a, b in zip(created, created[1:])):
         report.problems.append(f"a newer policy version was published before an older one: {created}")
     try:
-        latest = fs.cat_file(f"{path.rstrip('/')}/LATEST").decode().strip()
+        latest = fs.cat_file(f"{path.rstrip('/')}/{LATEST}").decode().strip()
         report.latest = int(latest[1:])
     except (FileNotFoundError, ValueError):
         return

@@ -16,15 +16,13 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from arlctl.errors import TerminalError
-from arlctl.io.fs import fsync_dir
+from arlctl.io import store
 
 # Never reach for a model hub: everything we load is local. huggingface_hub reads these at import time,
 # so they are set before anything imports transformers through this module.
@@ -97,8 +95,8 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None) -> Path:
         if is_pulled(name):  # another process finished it while we waited for the lock
             return dest
         gguf = find_gguf()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir()))
-        try:
+
+        def build(tmp: Path) -> None:
             _convert_gguf(gguf, tmp, say)
             say("checking that the converted model loads and generates")
             sample = check_generates(tmp)
@@ -110,13 +108,9 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None) -> Path:
                 "check_sample": sample,
             }
             (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
-            if dest.exists():  # a leftover without a marker: an interrupted run of an older version
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-            fsync_dir(dest.parent)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+
+        # Built hidden beside dest and renamed into place; a leftover without a marker is replaced.
+        store.commit_dir(build, dest, MARKER_FILE)
     say(f"saved {dest}")
     return dest
 
@@ -176,12 +170,12 @@ def smollm2_tokenizer() -> Any:
                     gguf.parent, gguf_file=gguf.name, local_files_only=True
                 )
                 _ensure_chat_template(tokenizer)
-                tmp = Path(tempfile.mkdtemp(prefix=".smollm2-tokenizer.tmp-", dir=models_dir()))
-                tokenizer.save_pretrained(tmp)
-                (tmp / MARKER_FILE).write_text(json.dumps({"name": "smollm2-tokenizer", "source": str(gguf)}))
-                if cache.exists():
-                    shutil.rmtree(cache)
-                os.replace(tmp, cache)
+
+                def build(tmp: Path) -> None:
+                    tokenizer.save_pretrained(tmp)
+                    (tmp / MARKER_FILE).write_text(json.dumps({"name": "smollm2-tokenizer", "source": str(gguf)}))
+
+                store.commit_dir(build, cache, MARKER_FILE)
     return AutoTokenizer.from_pretrained(cache, local_files_only=True)
 
 
@@ -224,16 +218,12 @@ def tiny_model_dir(seed: int = 0) -> Path:
     with _locked(models_dir() / f".tiny-seed{seed}.lock"):
         if (dest / MARKER_FILE).is_file():
             return dest
-        tmp = Path(tempfile.mkdtemp(prefix=f".tiny-seed{seed}.tmp-", dir=models_dir()))
-        try:
+
+        def build(tmp: Path) -> None:
             make_tiny(tmp, seed=seed)
             (tmp / MARKER_FILE).write_text(json.dumps({"name": "tiny", "seed": seed, "recipe": TINY_RECIPE}))
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+
+        store.commit_dir(build, dest, MARKER_FILE)
     return dest
 
 

@@ -37,11 +37,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from arlctl.io.fs import basename, get_fs, join
-from arlctl.io.layout import RunDir
+from arlctl.errors import TerminalError
+from arlctl.io import ledger
+from arlctl.io.fs import basename, get_fs
+from arlctl.io.run import RunLayout
 from arlctl.io.shards import LINEAGE_KEY, Lineage, scan
 
-FILTER_MANIFESTS = "_filter"  # stages/filter.py MANIFEST_DIR: one JSON per finished filter invocation
 STAGES = ("rollout", "reward", "filter", "train", "sync")
 
 
@@ -91,51 +92,30 @@ def _read_footer(url: str) -> Footer:
 
 # ------------------------------------------------------------------------------------ trainer and policy
 def trainer_progress(ckpt_url: str) -> dict[str, Any]:
-    """The newest complete checkpoint (a step-NNNNNN/ with state.json): step, consumed batches, count."""
-    fs, path = get_fs(ckpt_url)
-    fs.invalidate_cache(path)  # s3fs caches listings for the life of the process
-    steps: list[tuple[int, str]] = []
-    if fs.exists(path):
-        for entry in fs.ls(path, detail=False):
-            name = basename(entry)
-            if name.startswith("step-") and name[5:].isdigit():
-                steps.append((int(name[5:]), entry))
-    for step, entry in sorted(steps, reverse=True):
-        state_path = f"{entry.rstrip('/')}/state.json"
+    """The newest complete checkpoint (arlctl/io/ledger.py): step, consumed batches, count, when it was saved."""
+    found = ledger.list_checkpoints(ckpt_url)
+    for step, location in reversed(found):
         try:
-            state = json.loads(fs.cat_file(state_path))
-        except (FileNotFoundError, ValueError):
-            continue  # being written (object stores) or incomplete: not a checkpoint yet
-        try:
-            saved_at = float(fs.info(state_path).get("mtime") or 0) or None
-        except Exception:
-            saved_at = None
+            state = ledger.read_state(location)
+        except (TerminalError, ValueError):
+            continue  # pruned or rewritten since the listing: the next older one is the newest
         return {"step": int(state.get("step", step)), "consumed_batches": list(state.get("consumed_batches", [])),
-                "checkpoints": len(steps), "saved_at": saved_at}
-    return {"step": None, "consumed_batches": [], "checkpoints": len(steps), "saved_at": None}
+                "checkpoints": ledger.checkpoint_dirs(ckpt_url), "saved_at": ledger.state_saved_at(location)}
+    return {"step": None, "consumed_batches": [], "checkpoints": ledger.checkpoint_dirs(ckpt_url), "saved_at": None}
 
 
 def published_policy(policy_url: str) -> dict[str, Any]:
     """What policy/LATEST names: version number (None when nothing is published), name, publish time."""
-    fs, path = get_fs(policy_url)
-    fs.invalidate_cache(path)  # s3fs caches listings for the life of the process
-    versions = []
-    if fs.exists(path):
-        versions = [basename(e) for e in fs.ls(path, detail=False)
-                    if basename(e).startswith("v") and basename(e)[1:].isdigit()]
+    versions = ledger.version_dirs(policy_url)
+    name = ledger.read_latest_raw(policy_url)
+    version = ledger.parse_version(name)
+    if version is None:
+        return {"version": None, "name": name, "published_at": None, "versions": versions}
     try:
-        name = fs.cat_file(f"{path.rstrip('/')}/LATEST").decode().strip()
-    except FileNotFoundError:
-        return {"version": None, "name": None, "published_at": None, "versions": len(versions)}
-    if not (name.startswith("v") and name[1:].isdigit()):
-        return {"version": None, "name": name, "published_at": None, "versions": len(versions)}
-    published_at = None
-    try:
-        info = json.loads(fs.cat_file(f"{path.rstrip('/')}/{name}/version.json"))
-        published_at = info.get("created_at")
-    except (FileNotFoundError, ValueError):
-        pass
-    return {"version": int(name[1:]), "name": name, "published_at": published_at, "versions": len(versions)}
+        info = ledger.read_version_info(policy_url, name) or {}
+    except ValueError:
+        info = {}
+    return {"version": version, "name": name, "published_at": info.get("created_at"), "versions": versions}
 
 
 # ---------------------------------------------------------------------------------------------- scanning
@@ -149,55 +129,15 @@ class _Dir:
 
 
 def _consumed_by(out_url: str, cache: ShardCache) -> set[str]:
-    consumed: set[str] = set()
-    for shard in scan(out_url).shards:
-        lineage = cache.footer(shard).lineage
-        if lineage:
-            consumed.update(basename(i) for i in lineage.inputs)
-    return consumed
+    return ledger.consumed_inputs(out_url, lineage_of=lambda url: cache.footer(url).lineage)
 
 
 def _consumed_by_filter(batches_url: str, cache: ShardCache) -> set[str]:
-    """Rewarded shards a filter invocation consumed: named by its finished manifest, or by its batches once
-    all of them are visible. One invocation writes its batches one by one, each naming every input; counting
-    the inputs consumed at the first batch would hide the rows of the batches still to come."""
-    consumed = _filter_manifest_inputs(batches_url)
-    parts: dict[str, set[Any]] = {}
-    expected: dict[str, int] = {}
-    inputs: dict[str, list[str]] = {}
-    for shard in scan(batches_url).shards:
-        lineage = cache.footer(shard).lineage
-        if lineage is None:
-            continue
-        invocation = lineage.extra.get("invocation")
-        if invocation is None:  # not written by `arlctl filter`: its own lineage is the whole story
-            consumed.update(basename(i) for i in lineage.inputs)
-            continue
-        parts.setdefault(invocation, set()).add(lineage.extra.get("part"))
-        expected[invocation] = int(lineage.extra.get("parts") or 1)
-        inputs[invocation] = lineage.inputs
-    for invocation, seen in parts.items():
-        if len(seen) >= expected[invocation]:
-            consumed.update(basename(i) for i in inputs[invocation])
-    return consumed
-
-
-def _filter_manifest_inputs(batches_url: str) -> set[str]:
-    fs, path = get_fs(join(batches_url, FILTER_MANIFESTS))
-    fs.invalidate_cache(path)  # s3fs caches listings for the life of the process
-    consumed: set[str] = set()
-    if fs.exists(path):
-        for entry in fs.ls(path, detail=False):
-            if entry.endswith(".json"):
-                try:
-                    consumed.update(json.loads(fs.cat_file(entry)).get("inputs", []))
-                except (FileNotFoundError, ValueError):
-                    continue
-    return consumed
+    return ledger.filter_consumed(batches_url, lineage_of=lambda url: cache.footer(url).lineage)
 
 
 def _scan(run: str, cache: ShardCache) -> dict[str, Any]:
-    rd = RunDir(run)
+    rd = RunLayout(run)
     trainer = trainer_progress(rd.checkpoints)
     policy = published_policy(rd.policy)
     rewarded_shards = scan(rd.rewarded).shards
@@ -269,8 +209,8 @@ def run_state(run: str, cache: ShardCache | None = None, recent: int = 10, in_fl
         "stages": stages,
         "staleness": _staleness(scanned, cache),
         "reward_trend": _reward_trend(dirs["rewarded"].shards, cache, recent),
-        "errors": _errors(RunDir(run).metrics, cache),
-        "error_causes": error_causes(RunDir(run).metrics, cache),
+        "errors": _errors(RunLayout(run).metrics, cache),
+        "error_causes": error_causes(RunLayout(run).metrics, cache),
         "by_env": _by_env(dirs, cache, recent),
         "corrupt_shards": corrupt,
     }

@@ -22,9 +22,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +29,8 @@ from typing import Any
 from arlctl import models
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Policy
-from arlctl.io.fs import download_dir, is_remote, join, list_files, read_bytes_or_none
+from arlctl.io import ledger, store
+from arlctl.io.fs import is_remote, join
 
 BACKENDS = ("hf", "vllm", "openai")
 SPEC_HINT = "give a local HF model directory, a run's policy/ directory with LATEST, `default` or `tiny`"
@@ -59,9 +57,9 @@ def resolve_policy(spec: str, progress: bool = True) -> ResolvedPolicy:
         raise TerminalError(f"policy {spec!r} not found", hint=SPEC_HINT)
     if not path.is_dir():
         raise TerminalError(f"policy {spec!r} is a file, not a directory", hint=SPEC_HINT)
-    if not (path / "LATEST").exists() and (path / "policy" / "LATEST").exists():
+    if not ledger.has_latest(path) and ledger.has_latest(path / "policy"):
         path = path / "policy"  # a run directory: use its policy/
-    if (path / "LATEST").exists():
+    if ledger.has_latest(path):
         current = latest_version_dir(path)
         return ResolvedPolicy(current, str(path), read_version(current), policy_dir=path)
     if (path / "config.json").is_file():
@@ -71,10 +69,10 @@ def resolve_policy(spec: str, progress: bool = True) -> ResolvedPolicy:
 
 def _resolve_remote(url: str) -> ResolvedPolicy:
     # A few small GETs; a version already in the local cache is not downloaded again.
-    if read_bytes_or_none(join(url, "LATEST")) is None:
-        if read_bytes_or_none(join(url, "policy", "LATEST")) is not None:
+    if not ledger.has_latest(url):
+        if ledger.has_latest(join(url, "policy")):
             url = join(url, "policy")  # a run directory: use its policy/
-        elif read_bytes_or_none(join(url, "config.json")) is not None:
+        elif store.read_file(join(url, "config.json")) is not None:
             # A single HF directory on the store (a checkpoint, a version): assumed immutable, cached once.
             local = _fetch_to_cache(url, "model", verify=False)
             return ResolvedPolicy(local, url, read_version(local))
@@ -91,30 +89,24 @@ def latest_version(policy_dir: Path | str) -> int | None:
     What a reloading daemon polls; when it differs from the loaded version, `latest_version_dir` gives the
     directory to load.
     """
-    if is_remote(policy_dir):
-        raw = read_bytes_or_none(join(str(policy_dir), "LATEST"))
-        name = raw.decode(errors="replace").strip() if raw is not None else ""
-    else:
-        latest = Path(policy_dir) / "LATEST"
-        name = latest.read_text().strip() if latest.is_file() else ""
-    return int(name[1:]) if name[:1] == "v" and name[1:].isdigit() else None
+    return ledger.latest_version(policy_dir)
 
 
 def latest_version_dir(policy_dir: Path | str) -> Path:
     """The version directory that `policy_dir/LATEST` names (for a URL: its local cache entry)."""
-    if is_remote(policy_dir):
-        return _latest_remote(str(policy_dir).rstrip("/"))
-    policy_dir = Path(policy_dir)
-    name = (policy_dir / "LATEST").read_text().strip()
+    latest = ledger.latest_url(policy_dir)
+    name = ledger.read_latest_raw(policy_dir)
+    if name is None:
+        raise TerminalError(f"{latest} does not exist", hint="run `arlctl sync` first")
     if not name or "/" in name or name in (".", ".."):
-        raise TerminalError(f"{policy_dir / 'LATEST'} does not name a version directory ({name!r})")
-    current = policy_dir / name
-    if not (current / "config.json").is_file():
-        raise TerminalError(
-            f"{policy_dir / 'LATEST'} names {name}, which is not an HF model directory",
-            hint="re-run `arlctl sync` to publish the version again",
-        )
-    return current
+        raise TerminalError(f"{latest} does not name a version directory ({name!r})")
+    version = store.child(policy_dir, name)
+    if isinstance(version, Path):  # local: loaded where it is
+        if not (version / "config.json").is_file():
+            raise TerminalError(f"{latest} names {name}, which is not an HF model directory",
+                                hint="re-run `arlctl sync` to publish the version again")
+        return version
+    return _fetch_to_cache(version, name, verify=True)
 
 
 def remote_cache_dir(url: str) -> Path:
@@ -122,62 +114,35 @@ def remote_cache_dir(url: str) -> Path:
     return models.arlctl_home() / "remote" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
-def _latest_remote(policy_dir: str) -> Path:
-    raw = read_bytes_or_none(join(policy_dir, "LATEST"))
-    if raw is None:
-        raise TerminalError(f"{policy_dir}/LATEST does not exist", hint="run `arlctl sync` first")
-    name = raw.decode(errors="replace").strip()
-    if not name or "/" in name or name in (".", ".."):
-        raise TerminalError(f"{policy_dir}/LATEST does not name a version directory ({name!r})")
-    return _fetch_to_cache(join(policy_dir, name), name, verify=True)
-
-
 def _fetch_to_cache(url: str, name: str, verify: bool) -> Path:
     """Download the directory `url` once into remote_cache_dir(parent)/name; return the local path.
 
     verify: a published version — its version.json must be there (sync writes it last) and the weights
-    must match its sha256. The entry is built in a hidden temp directory and renamed into place, so a
+    must match its sha256. The entry is built hidden and renamed into place (store.local_copy), so a
     visible entry is complete and later calls return at once.
     """
     parent = url.rstrip("/").rsplit("/", 1)[0] if verify else url
-    cache = remote_cache_dir(parent)
-    final = cache / name
+    final = remote_cache_dir(parent) / name
     if (final / "config.json").is_file():
         return final
-    files = list_files(url)
+    files = store.dir_files(url)
     info: dict[str, Any] = {}
     if verify:
-        if "version.json" not in files:
-            raise TerminalError(f"{join(parent, 'LATEST')} names {name}, which is not a complete published version",
-                                hint="re-run `arlctl sync` to publish the version again")
-        info = json.loads(read_bytes_or_none(join(url, "version.json")) or b"{}")
-    names = [n for n in sorted(files) if "/" not in n and not n.startswith((".", "_"))
-             and n not in ("optimizer.pt", "scheduler.pt", "rng.pt")]
+        info = ledger.read_version_info(parent, name) or {}
+        if not info:
+            raise TerminalError(f"{ledger.latest_url(parent)} names {name}, which is not a complete published "
+                                "version", hint="re-run `arlctl sync` to publish the version again")
+    names = [n for n in sorted(files) if n not in ("optimizer.pt", "scheduler.pt", "rng.pt")]
     if "config.json" not in names:
         raise TerminalError(f"{url} is not an HF model directory (no config.json)", hint=SPEC_HINT)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache))
-    try:
-        try:
-            download_dir(url, tmp, names)
-        except FileNotFoundError as err:  # pruned or rewritten while we read it
-            raise TransientError(f"{url} changed while it was downloaded: {err}", hint="retry") from err
+
+    def check(tmp: Path) -> None:
         expected = info.get("sha256")
-        if expected and (tmp / "model.safetensors").is_file():
-            with open(tmp / "model.safetensors", "rb") as fh:
-                actual = hashlib.file_digest(fh, "sha256").hexdigest()
-            if actual != expected:
-                raise TransientError(f"{url}/model.safetensors does not match the sha256 in its version.json",
-                                     hint="retry; re-run `arlctl sync` if it persists")
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not (final / "config.json").is_file():  # not another process's complete entry: a real failure
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        if expected and (tmp / "model.safetensors").is_file() and store.sha256(tmp / "model.safetensors") != expected:
+            raise TransientError(f"{url}/model.safetensors does not match the sha256 in its version.json",
+                                 hint="retry; re-run `arlctl sync` if it persists")
+
+    return store.local_copy(url, final, names, complete="config.json", check=check)
 
 
 def read_version(model_dir: Path) -> int:
@@ -194,10 +159,8 @@ def read_version(model_dir: Path) -> int:
 def load_policy(spec: str, backend: str = "hf", **opts: Any) -> Policy:
     """Resolve `spec` and load it with `backend`; `opts` go to the backend (hf: dtype, max_batch, ...)."""
     if spec.startswith("oracle:"):
-        # A scripted policy (e.g. oracle:gold applies each swe task's gold patch through the tools).
-        from arlctl.inference.oracle import load_oracle
-
-        return load_oracle(spec, models.smollm2_tokenizer(), tasks=opts.get("tasks"))
+        raise UsageError(f"{spec!r} is a scripted policy for `arlctl rollout --policy {spec}` only",
+                         hint="serve and train need a model: default, tiny, an HF directory or a policy directory")
     if backend not in BACKENDS:
         raise UsageError(
             f"unknown inference backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"

@@ -59,11 +59,9 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-# ----------------------------------------------------------------------------------------------- directories on object stores
+# ----------------------------------------------------------------------------------------------- object-store transfers
 #
-# Checkpoints and policy versions are directories. An object store has no rename, so such a directory is
-# committed by uploading its files under their final keys and then one small marker file last (state.json,
-# version.json): a PUT appears whole or not at all, and readers trust only directories with the marker.
+# Low-level helpers of arlctl/io/store.py, which owns committing (a marker file last) and is what callers use.
 
 LOCAL_SCHEMES = ("file", "local")
 
@@ -72,21 +70,6 @@ def is_remote(url: str | os.PathLike) -> bool:
     """True for an fsspec URL outside the local filesystem (s3://, gs://, memory://, ...)."""
     text = str(url)
     return "://" in text and text.split("://", 1)[0] not in LOCAL_SCHEMES
-
-
-def read_bytes_or_none(url: str) -> bytes | None:
-    """The content of `url`, or None when it does not exist. Always asks the store (no listing cache)."""
-    fs, path = get_fs(url)
-    try:
-        return fs.cat_file(path)
-    except FileNotFoundError:
-        return None
-
-
-def write_bytes_whole(url: str, data: bytes) -> None:
-    """One PUT of the final key: readers see the old object or the new one, never half."""
-    fs, path = get_fs(url)
-    fs.pipe_file(path, data)
 
 
 def list_files(url: str) -> dict[str, int]:

@@ -18,7 +18,6 @@ unless the caller drops bad rows itself (filter) or passes them through (reward)
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import socket
@@ -32,7 +31,8 @@ import pyarrow.parquet as pq
 
 from arlctl import __version__
 from arlctl.errors import CorruptShardError, NoShardsError
-from arlctl.io.fs import basename, fsync_dir, get_fs, is_hidden, is_local, join, to_url
+from arlctl.io.fs import basename, get_fs, is_hidden, join, to_url
+from arlctl.io.store import write_file
 from arlctl.schemas.trajectory import (
     SCHEMA_METADATA,
     SchemaError,
@@ -88,33 +88,12 @@ def write_table_atomic(table: pa.Table, url: str, metadata: dict[bytes, bytes] |
         merged.update(metadata)
         table = table.replace_schema_metadata(merged)
     row_group_size = _row_group_size(table)
-    fs, path = get_fs(url)
-    directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
-    if is_local(fs):
-        os.makedirs(directory or ".", exist_ok=True)
-        tmp = os.path.join(directory, f".{name}.tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                pq.write_table(table, fh, compression="zstd", compression_level=ZSTD_LEVEL,
-                               row_group_size=row_group_size)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            # Leave nothing half-written behind when we can help it; a SIGKILL leaves only a hidden tmp.
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        fsync_dir(directory or ".")
-        return path
-    # Object store: build the whole file in memory, then one write of the final key.
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", compression_level=ZSTD_LEVEL, row_group_size=row_group_size)
-    fs.makedirs(directory, exist_ok=True) if directory else None
-    fs.pipe_file(path, buf.getvalue())
-    return to_url(fs, path)
+
+    def write(fh: Any) -> None:
+        pq.write_table(table, fh, compression="zstd", compression_level=ZSTD_LEVEL, row_group_size=row_group_size)
+
+    # Local: streamed to a hidden temp file, fsynced, renamed; object store: one PUT (arlctl/io/store.py).
+    return write_file(url, write)
 
 
 def write_shard(table: pa.Table, url: str, lineage: Lineage) -> str:
@@ -275,23 +254,10 @@ def quarantine(url: str) -> str:
 
 
 def consumed_inputs(out_url: str, same_name: bool = False) -> set[str]:
-    """Names (basenames) of every input shard recorded in the lineage of shards under out_url.
+    """Input names the lineage of out_url's shards records as consumed (the rule lives in arlctl/io/ledger.py)."""
+    from arlctl.io.ledger import consumed_inputs as ledger_consumed  # ledger reads shards: import late
 
-    same_name: the 1:1 rule (reward): a shard vouches only for the input of its own name, so a planted
-    `other.parquet` that lists `part-1.parquet` marks nothing consumed. Unreadable lineage counts for
-    nothing; its shard's readers report it.
-    """
-    consumed: set[str] = set()
-    for shard in scan(out_url).shards:
-        try:
-            lineage = read_lineage(shard)
-        except (CorruptShardError, ValueError, TypeError):
-            continue
-        if lineage is None or not isinstance(lineage.inputs, list):
-            continue
-        names = {basename(i) for i in lineage.inputs if isinstance(i, str)}
-        consumed.update(names & {basename(shard)} if same_name else names)
-    return consumed
+    return ledger_consumed(out_url, same_name=same_name)
 
 
 def _one_line(err: BaseException) -> str:

@@ -23,11 +23,7 @@ parameter, and `nonfinite_weight` finds the first such tensor in a directory's s
 from __future__ import annotations
 
 import json
-import os
 import random
-import re
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,67 +32,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from arlctl.errors import TerminalError, TransientError, UsageError
-from arlctl.io.fs import (
-    download_dir,
-    fsync_dir,
-    get_fs,
-    is_remote,
-    join,
-    list_files,
-    read_bytes_or_none,
-    upload_dir,
-    write_bytes_whole,
+from arlctl.errors import TerminalError, UsageError
+from arlctl.io import store
+from arlctl.io.ledger import (  # STATE_FILE .. read_state re-exported: tests read checkpoints through here
+    STATE_FILE,
+    checkpoint_location,
+    latest_checkpoint,
+    list_checkpoints,
+    read_latest,
+    read_state,
+    remove_checkpoint,
+    step_dir_name,
 )
 from arlctl.models import sha256_file
 
-STEP_RE = re.compile(r"^step-(\d{6,})$")
-VERSION_RE = re.compile(r"^v(\d{6,})$")
-STATE_FILE = "state.json"
 TRAINER_ONLY = ("optimizer.pt", "scheduler.pt", "rng.pt", STATE_FILE)
 HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
-def version_dir_name(version: int) -> str:
-    return f"v{version:06d}"
-
-
-def checkpoint_location(ckpt_dir: str | Path, step: int) -> str:
-    """Where step `step` lives: a local path or a URL."""
-    if is_remote(ckpt_dir):
-        return join(str(ckpt_dir), step_dir_name(step))
-    return str(Path(ckpt_dir) / step_dir_name(step))
-
-
-def list_complete_dirs(url: str, pattern: re.Pattern[str], marker: str) -> list[tuple[int, str]]:
-    """On an object store: (number, URL) of the directories whose name matches and that hold `marker`."""
-    found = []
-    for rel in list_files(url):
-        parts = rel.split("/")
-        match = pattern.match(parts[0])
-        if match and len(parts) == 2 and parts[1] == marker:
-            found.append((int(match.group(1)), join(url, parts[0])))
-    return sorted(found)
-
-
-def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path | str]]:
-    """Complete checkpoints (visible name and a state.json), oldest first. URLs for object stores."""
-    if is_remote(ckpt_dir):
-        return list_complete_dirs(str(ckpt_dir), STEP_RE, STATE_FILE)
-    root = Path(ckpt_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = STEP_RE.match(entry.name)
-        if match and (entry / STATE_FILE).is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
 
 
 def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> list[int]:
@@ -110,28 +62,9 @@ def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> list[int]:
         raise UsageError("keep at least 1 checkpoint")
     removed = []
     for step, location in list_checkpoints(ckpt_dir)[:-keep]:
-        if is_remote(ckpt_dir):
-            store_remove(join(str(location), STATE_FILE))
-            store_remove(str(location), recursive=True)
-        else:
-            (Path(location) / STATE_FILE).unlink(missing_ok=True)
-            shutil.rmtree(location, ignore_errors=True)
+        remove_checkpoint(location)
         removed.append(step)
     return removed
-
-
-def latest_checkpoint(ckpt_dir: str | Path) -> tuple[int, Path | str] | None:
-    found = list_checkpoints(ckpt_dir)
-    return found[-1] if found else None
-
-
-def read_state(ckpt: Path | str) -> dict[str, Any]:
-    if is_remote(ckpt):
-        raw = read_bytes_or_none(join(str(ckpt), STATE_FILE))
-        if raw is None:
-            raise TerminalError(f"{ckpt} has no {STATE_FILE}: not a complete checkpoint")
-        return json.loads(raw)
-    return json.loads((Path(ckpt) / STATE_FILE).read_text())
 
 
 @contextmanager
@@ -142,24 +75,15 @@ def local_copy(ckpt: Path | str | None) -> Iterator[Path | None]:
     and their sizes checked, so a checkpoint overwritten or pruned during the download is an error, not a
     silent mix of two checkpoints.
     """
-    if ckpt is None or not is_remote(ckpt):
-        yield None if ckpt is None else Path(ckpt)
+    if ckpt is None:
+        yield None
         return
-    url = str(ckpt)
-    state = read_state(url)
-    expected = state.get("files") or {n: s for n, s in list_files(url).items() if n != STATE_FILE}
-    names = sorted(expected)
-    scratch = Path(tempfile.mkdtemp(prefix="arlctl-ckpt-"))
-    try:
-        download_dir(url, scratch, names)
-        for name in names:
-            if (scratch / name).stat().st_size != expected[name]:
-                raise TransientError(f"{url}/{name} changed while it was downloaded",
-                                    hint="another process rewrote this checkpoint; retry")
-        (scratch / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
-        yield scratch
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    state = read_state(ckpt)
+    expected = state.get("files") or {n: s for n, s in store.dir_files(ckpt).items() if n != STATE_FILE}
+    with store.scratch_copy(ckpt, sorted(expected), sizes=expected) as local:
+        if not (local / STATE_FILE).is_file():  # a scratch download: the manifest is not among its files
+            (local / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
+        yield local
 
 
 def rng_state() -> dict[str, Any]:
@@ -216,23 +140,17 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, model: Any, tokenizer: Any,
     if bad is not None:
         raise TerminalError(f"refusing to save {step_dir_name(step)}: weight {bad[0]} holds {bad[1]}",
                             hint="the newest complete checkpoint is unchanged; lower --lr or --grad-clip")
-    if is_remote(ckpt_dir):
-        return _save_remote(str(ckpt_dir), step, model, tokenizer, optimizer, scheduler, state)
-    root = Path(ckpt_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / step_dir_name(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        _write_files(tmp, model, tokenizer, optimizer, scheduler)
-        write_text_durable(tmp / STATE_FILE, json.dumps(state, indent=1, sort_keys=True, default=str))
-        if final.exists():  # a re-run after a crash between rename and the next step: same content
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(root)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    def build(directory: Path) -> None:
+        _write_files(directory, model, tokenizer, optimizer, scheduler)
+        names = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+        # The manifest: what a reader must find, and the weights' digest so sync need not read them again.
+        manifest = {**state, "files": {n: (directory / n).stat().st_size for n in names},
+                    "sha256": {n: sha256_file(directory / n) for n in names if n.endswith(".safetensors")}}
+        (directory / STATE_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+
+    # Local: built hidden and renamed into place; object store: uploaded, state.json last (arlctl/io/store.py).
+    return store.commit_dir(build, checkpoint_location(ckpt_dir, step), STATE_FILE)
 
 
 def _write_files(directory: Path, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any) -> None:
@@ -244,82 +162,12 @@ def _write_files(directory: Path, model: Any, tokenizer: Any, optimizer: Any, sc
     torch.save(rng_state(), directory / "rng.pt")
 
 
-def _save_remote(ckpt_dir: str, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-                 state: dict[str, Any]) -> str:
-    final = join(ckpt_dir, step_dir_name(step))
-    scratch = Path(tempfile.mkdtemp(prefix="arlctl-ckpt-"))
-    try:
-        _write_files(scratch, model, tokenizer, optimizer, scheduler)
-        names = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*") if p.is_file())
-        # The manifest: what a reader must find, and the weights' digest so sync need not download them.
-        state = {**state, "files": {n: (scratch / n).stat().st_size for n in names},
-                 "sha256": {n: sha256_file(scratch / n) for n in names if n.endswith(".safetensors")}}
-        (scratch / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True, default=str))
-        # A complete checkpoint of this step already there (a replay after a crash): make it invisible first.
-        store_remove(join(final, STATE_FILE))
-        upload_dir(scratch, final, [*names, STATE_FILE], last=STATE_FILE)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return final
-
-
-def store_remove(url: str, recursive: bool = False) -> None:
-    """Delete an object (or a whole prefix) on a store; a missing one is fine."""
-    fs, path = get_fs(url)
-    try:
-        fs.rm(path, recursive=recursive)
-    except FileNotFoundError:
-        pass
-    fs.invalidate_cache(path)
-
-
-
-
-def write_text_durable(path: Path, text: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def replace_text_atomic(path: Path, text: str) -> None:
-    """Write `path` via a hidden temp file and os.replace: readers see the old or the new text, never half."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    write_text_durable(tmp, text)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def write_latest(policy_dir: str | Path, name: str) -> None:
-    """Point POLICYDIR/LATEST at version `name`: os.replace locally, one PUT on an object store."""
-    if is_remote(policy_dir):
-        write_bytes_whole(join(str(policy_dir), "LATEST"), (name + "\n").encode())
-    else:
-        replace_text_atomic(Path(policy_dir) / "LATEST", name + "\n")
-
-
-def read_latest(policy_dir: str | Path) -> str | None:
-    """The version directory name in POLICYDIR/LATEST, or None when nothing is published."""
-    if is_remote(policy_dir):
-        raw = read_bytes_or_none(join(str(policy_dir), "LATEST"))
-        name = raw.decode(errors="replace").strip() if raw is not None else ""
-        return name if VERSION_RE.match(name) else None
-    latest = Path(policy_dir) / "LATEST"
-    if not latest.is_file():
-        return None
-    name = latest.read_text().strip()
-    return name if VERSION_RE.match(name) else None
-
-
 def resolve_policy_path(spec: str) -> Path:
     """An HF model directory for a --policy spec: policy dir (LATEST), HF/checkpoint dir, or model name.
 
-    A URL (s3://bucket/run/policy) is resolved by the inference loader into its local cache.
+    Anything else (a URL such as s3://bucket/run/policy) is resolved by the inference loader, which
+    downloads it into its local cache.
     """
-    if is_remote(spec):
-        from arlctl.inference.loader import resolve_policy
-
-        return resolve_policy(spec).path
     path = Path(spec).expanduser()
     if path.is_dir():
         latest = read_latest(path)
@@ -333,7 +181,17 @@ def resolve_policy_path(spec: str) -> Path:
 
     if spec == "tiny":
         return models.tiny_model_dir()
-    resolved = models.model_path(spec)
+    try:
+        resolved = models.model_path(spec)
+    except TerminalError:  # not an embedded model's name: a URL, or nothing the loader knows either
+        from arlctl.inference.loader import resolve_policy
+
+        return resolve_policy(spec).path
     if not (resolved / "config.json").is_file():
         raise TerminalError(f"model {spec!r} is not available locally", hint="run `arlctl model pull` first")
     return resolved
+
+
+__all__ = ["HF_FILES", "STATE_FILE", "TRAINER_ONLY", "first_nonfinite", "latest_checkpoint", "list_checkpoints",
+           "local_copy", "nonfinite_weight", "prune_checkpoints", "read_latest", "read_state", "resolve_policy_path",
+           "rng_state", "save_checkpoint", "set_rng_state", "sha256_file"]

@@ -1,0 +1,271 @@
+"""The run's ledger: the one reader and writer of what a run directory says has happened (DESIGN.md §5, §10).
+
+  checkpoints/step-NNNNNN/   complete once state.json is there (train writes it last)
+  policy/vNNNNNN/            complete once version.json is there (sync writes it last)
+  policy/LATEST              the name of the current version; replaced atomically, only after it is complete
+  batches/_filter/<inv>.json one manifest per finished filter invocation (hidden from shard readers)
+  shard lineage              each output shard lists the inputs it consumed: commit of the output is commit
+                             of consumption
+
+Nobody else spells `LATEST`, `step-%06d`, `v%06d`, `state.json`, `version.json` or `_filter`; every stage,
+`status`, the supervisor and the loader ask this module. (The audit keeps its own reader on purpose: it is
+the checker of this one; it still takes the names from here.) Locations come back as a Path when local
+and a URL string when remote (arlctl/io/store.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from arlctl.errors import TerminalError
+from arlctl.io import store
+from arlctl.io.fs import basename, get_fs, join
+
+LATEST = "LATEST"
+STATE_FILE = "state.json"  # a checkpoint's marker
+VERSION_FILE = "version.json"  # a policy version's marker
+MANIFEST_DIR = "_filter"  # under the filter's output: one JSON per finished invocation
+STEP_RE = re.compile(r"^step-(\d{6,})$")
+VERSION_RE = re.compile(r"^v(\d{6,})$")
+
+Location = store.Location
+LineageOf = Callable[[str], Any]  # shard URL -> its Lineage (or None)
+
+
+# ----------------------------------------------------------------------------------------------- names
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def parse_version(name: str | None) -> int | None:
+    """The number of a `vNNNNNN` name; None for anything else."""
+    match = VERSION_RE.match(name or "")
+    return int(match.group(1)) if match else None
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_location(ckpt_dir: str | os.PathLike, step: int) -> str:
+    """Where step `step` lives: a local path or a URL."""
+    return str(store.child(ckpt_dir, step_dir_name(step)))
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Location]]:
+    """Complete checkpoints (a step-NNNNNN name holding state.json), oldest first."""
+    return _numbered(store.list_committed(ckpt_dir, STATE_FILE), STEP_RE)
+
+
+def checkpoint_dirs(ckpt_dir: str | os.PathLike) -> int:
+    """How many step-NNNNNN names are visible, complete or still being uploaded (what `status` shows)."""
+    return sum(1 for name in store.list_names(ckpt_dir) if STEP_RE.match(name))
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[int, Location] | None:
+    found = list_checkpoints(ckpt_dir)
+    return found[-1] if found else None
+
+
+def read_state(ckpt: Location) -> dict[str, Any]:
+    """A checkpoint's state.json; a checkpoint without one is not complete (TerminalError)."""
+    raw = store.read_file(store.child(ckpt, STATE_FILE))
+    if raw is None:
+        raise TerminalError(f"{ckpt} has no {STATE_FILE}: not a complete checkpoint")
+    return json.loads(raw)
+
+
+def state_saved_at(ckpt: Location) -> float | None:
+    """When the checkpoint's state.json was written (its commit time), when the store says."""
+    fs, path = get_fs(str(store.child(ckpt, STATE_FILE)))
+    try:
+        return float(fs.info(path).get("mtime") or 0) or None
+    except Exception:  # a store without mtimes: unknown, never an error
+        return None
+
+
+def remove_checkpoint(ckpt: Location) -> None:
+    store.remove_dir(ckpt, marker=STATE_FILE)
+
+
+# ----------------------------------------------------------------------------------------------- policy versions
+
+
+def list_versions(policy_dir: str | os.PathLike) -> list[tuple[int, Location]]:
+    """Published versions (a vNNNNNN name holding version.json), oldest first."""
+    return _numbered(store.list_committed(policy_dir, VERSION_FILE), VERSION_RE)
+
+
+def version_dirs(policy_dir: str | os.PathLike) -> int:
+    """How many vNNNNNN names are visible, complete or still being uploaded (what `status` shows)."""
+    return sum(1 for name in store.list_names(policy_dir) if VERSION_RE.match(name))
+
+
+def version_location(policy_dir: str | os.PathLike, name: str) -> str:
+    return str(store.child(policy_dir, name))
+
+
+def read_version_info(policy_dir: str | os.PathLike, name: str) -> dict[str, Any] | None:
+    """version.json of a published version, or None when that version is not (completely) published."""
+    raw = store.read_file(store.child(store.child(policy_dir, name), VERSION_FILE))
+    return json.loads(raw) if raw is not None else None
+
+
+def latest_url(policy_dir: str | os.PathLike) -> str:
+    """The LATEST file of a policy directory (for messages and for its existence)."""
+    return str(store.child(policy_dir, LATEST))
+
+
+def read_latest_raw(policy_dir: str | os.PathLike) -> str | None:
+    """The stripped text of POLICYDIR/LATEST, None when there is no such file (checked by the caller)."""
+    raw = store.read_file(latest_url(policy_dir))
+    return None if raw is None else raw.decode(errors="replace").strip()
+
+
+def read_latest(policy_dir: str | os.PathLike) -> str | None:
+    """The version directory name in POLICYDIR/LATEST, or None when nothing (well-formed) is published."""
+    name = read_latest_raw(policy_dir)
+    return name if parse_version(name) is not None else None
+
+
+def latest_version(policy_dir: str | os.PathLike) -> int | None:
+    """The version POLICYDIR/LATEST names, or None: one small read, no listing, no download."""
+    return parse_version(read_latest_raw(policy_dir))
+
+
+def write_latest(policy_dir: str | os.PathLike, name: str) -> None:
+    """Point POLICYDIR/LATEST at version `name` (atomic replace; one PUT on an object store)."""
+    store.write_file(latest_url(policy_dir), name + "\n")
+
+
+def has_latest(directory: str | os.PathLike) -> bool:
+    return store.read_file(latest_url(directory)) is not None
+
+
+def remove_version(version: Location) -> None:
+    store.remove_dir(version, marker=VERSION_FILE)
+
+
+def _numbered(found: list[tuple[str, Location]], pattern: re.Pattern[str]) -> list[tuple[int, Location]]:
+    return sorted((int(m.group(1)), loc) for name, loc in found if (m := pattern.match(name)))
+
+
+# ----------------------------------------------------------------------------------------------- consumption
+
+
+def consumed_inputs(out_url: str, same_name: bool = False, lineage_of: LineageOf | None = None) -> set[str]:
+    """Names (basenames) of every input shard recorded in the lineage of shards under out_url.
+
+    same_name: the 1:1 rule (reward): a shard vouches only for the input of its own name, so a planted
+    `other.parquet` that lists `part-1.parquet` marks nothing consumed. Unreadable lineage counts for
+    nothing; its shard's readers report it. lineage_of: a cached footer reader (status); default reads.
+    """
+    from arlctl.io.shards import scan
+
+    consumed: set[str] = set()
+    for shard in scan(out_url).shards:
+        lineage = _lineage(shard, lineage_of)
+        if lineage is None or not isinstance(lineage.inputs, list):
+            continue
+        names = {basename(i) for i in lineage.inputs if isinstance(i, str)}
+        consumed.update(names & {basename(shard)} if same_name else names)
+    return consumed
+
+
+def _lineage(shard: str, lineage_of: LineageOf | None) -> Any:
+    from arlctl.errors import CorruptShardError
+    from arlctl.io.shards import read_lineage
+
+    try:
+        return (lineage_of or read_lineage)(shard)
+    except (CorruptShardError, ValueError, TypeError):
+        return None
+
+
+def manifest_url(batches_url: str, invocation: str) -> str:
+    return join(batches_url, MANIFEST_DIR, f"{invocation}.json")
+
+
+def write_filter_manifest(batches_url: str, invocation: str, manifest: dict[str, Any]) -> None:
+    """Commit a finished filter invocation: its manifest names the inputs it consumed (written last)."""
+    store.write_file(manifest_url(batches_url, invocation), json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def read_filter_manifests(batches_url: str) -> list[tuple[str, dict[str, Any] | Exception]]:
+    """(file name, parsed manifest or the error that stopped its parse) for every `_filter/*.json`."""
+    directory = join(batches_url, MANIFEST_DIR)
+    names = sorted(n for n in store.dir_files(directory) if n.endswith(".json"))
+    found: list[tuple[str, dict[str, Any] | Exception]] = []
+    for name in names:
+        raw = store.read_file(join(directory, name))
+        if raw is None:
+            continue
+        try:
+            found.append((name, json.loads(raw)))
+        except (ValueError, RecursionError) as err:
+            found.append((name, err))
+    return found
+
+
+def finished_filter_inputs(batches_url: str) -> set[str]:
+    """Input names the finished filter invocations (those with a manifest) consumed; malformed ones count for
+    nothing (the filter itself reports them)."""
+    consumed: set[str] = set()
+    for _, manifest in read_filter_manifests(batches_url):
+        inputs = manifest.get("inputs") if isinstance(manifest, dict) else None
+        if isinstance(inputs, list):
+            consumed.update(basename(i) for i in inputs if isinstance(i, str))
+    return consumed
+
+
+def filter_consumed(batches_url: str, lineage_of: LineageOf | None = None) -> set[str]:
+    """Inputs consumed by filter: named by a finished manifest, or by an invocation's batches once all of
+    them are visible. One invocation writes its batches one by one, each naming every input; counting the
+    inputs at its first batch would hide the rows of the batches still to come."""
+    from arlctl.io.shards import scan
+
+    consumed = finished_filter_inputs(batches_url)
+    parts: dict[str, set[Any]] = {}
+    expected: dict[str, int] = {}
+    inputs: dict[str, list[str]] = {}
+    for shard in scan(batches_url).shards:
+        lineage = _lineage(shard, lineage_of)
+        if lineage is None:
+            continue
+        invocation = lineage.extra.get("invocation")
+        if invocation is None:  # not written by `arlctl filter`: its own lineage is the whole story
+            consumed.update(basename(i) for i in lineage.inputs)
+            continue
+        parts.setdefault(invocation, set()).add(lineage.extra.get("part"))
+        expected[invocation] = int(lineage.extra.get("parts") or 1)
+        inputs[invocation] = lineage.inputs
+    for invocation, seen in parts.items():
+        if len(seen) >= expected[invocation]:
+            consumed.update(basename(i) for i in inputs[invocation])
+    return consumed
+
+
+def trained_batches(ckpt_dir: str | os.PathLike) -> list[str]:
+    """Batch names the newest complete checkpoint has consumed (every one since step 0)."""
+    latest = latest_checkpoint(ckpt_dir)
+    return list(read_state(latest[1]).get("consumed_batches", [])) if latest else []
+
+
+__all__ = [
+    "LATEST", "MANIFEST_DIR", "STATE_FILE", "STEP_RE", "VERSION_FILE", "VERSION_RE", "checkpoint_dirs",
+    "checkpoint_location",
+    "consumed_inputs", "filter_consumed", "finished_filter_inputs", "has_latest", "latest_checkpoint",
+    "latest_url", "latest_version", "list_checkpoints", "list_versions", "manifest_url", "parse_version",
+    "read_filter_manifests", "read_latest", "read_latest_raw", "read_state", "read_version_info",
+    "remove_checkpoint", "remove_version", "state_saved_at", "step_dir_name", "trained_batches", "version_dir_name",
+    "version_dirs", "version_location", "write_filter_manifest", "write_latest",
+]
