@@ -23,8 +23,9 @@ and commits), waits `stop_grace_s`, then SIGKILLs what is left.
 `mode: loop` runs a stage one-shot (no --watch) again every `interval_s` after each clean exit: the cron
 pattern, under the same run lock, for a command without a daemon mode.
 
-Options are checked against the stage command itself (its Typer/Click parameters), so a typo or an
-option the stage does not have is an error naming the stage, before anything starts.
+Options are checked against the stage's settings (its config dataclass, names and types) and its declared
+command options (stages/configs.py), without loading the CLI, so a typo, an option the stage does not have
+or a value of the wrong type is an error naming the stage, before anything starts.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arlctl.errors import UsageError
-from arlctl.io.fs import is_remote, join
-from arlctl.io.layout import STAGE_IO
+from arlctl.io.run import STAGE_IO, local_logs
 
 STAGES = tuple(STAGE_IO)
 USAGE_EXIT = 2  # the CLI's exit code for a usage error (arlctl.errors.UsageError)  # rollout, reward, filter, train, sync: pipeline order
@@ -138,9 +138,10 @@ def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
         raise fail("`restart:` must be a mapping")
     _unknown(restart_raw, RESTART_KEYS, "restart key", fail)
     restart = RestartPolicy(**{k: _number(v, f"restart.{k}", fail, minimum=0.0) for k, v in restart_raw.items()})
-    logs = data.get("logs") or (join(run, "logs") if not is_remote(run) else "logs")
-    if is_remote(str(logs)):
-        raise fail("`logs:` must be a local directory (children append to their log files)")
+    try:
+        logs = local_logs(data.get("logs"), run)  # RUN/logs by default; must be local
+    except UsageError as err:
+        raise fail(str(err)) from None
     command = data.get("command")
     if command is not None and not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
         raise fail("`command:` must be a list of strings, e.g. [arlctl] or [python, -m, arlctl.cli.main]")
@@ -189,18 +190,11 @@ def _parse_stage(name: str, raw: Any, fail: Callable[..., UsageError]) -> StageS
 
 
 def stage_options(stage: str) -> dict[str, Any]:
-    """{long option name without dashes: click.Option} of `arlctl <stage>`, read from the command itself."""
-    import typer.main
+    """{long option name without dashes: OptionKind} of `arlctl <stage>`, from the stage's config dataclass and
+    its declared command options (stages/configs.py) -- not from the CLI, which a recipe check never loads."""
+    from arlctl.stages.configs import stage_vocabulary
 
-    from arlctl.cli.main import app
-
-    command = typer.main.get_command(app).commands[stage]  # type: ignore[attr-defined]
-    options: dict[str, Any] = {}
-    for param in command.params:
-        for opt in [*param.opts, *getattr(param, "secondary_opts", [])]:
-            if opt.startswith("--"):
-                options[opt[2:]] = param
-    return options
+    return stage_vocabulary(stage)
 
 
 def stage_argv(recipe: Recipe, spec: StageSpec, worker: int) -> list[str]:
@@ -216,25 +210,40 @@ def stage_argv(recipe: Recipe, spec: StageSpec, worker: int) -> list[str]:
     return argv
 
 
-def _option_args(stage: str, option: str, value: Any, param: Any) -> list[str]:
+def _option_args(stage: str, option: str, value: Any, kind: Any) -> list[str]:
     where = f"recipe: stage {stage}: --{option}"
-    if getattr(param, "is_flag", False):
+    if kind.type is bool:
         if not isinstance(value, bool):
             raise UsageError(f"{where} is a flag: give true or false, not {value!r}")
-        if f"--{option}" in param.secondary_opts:  # the recipe named the --no-X spelling
+        if option == kind.negation:  # the recipe named the --no-X spelling
             return [f"--{option}"] if value else []
         if value:
             return [f"--{option}"]
-        return [param.secondary_opts[0]] if param.secondary_opts else []
+        return [f"--{kind.negation}"] if kind.negation else []
     values = value if isinstance(value, list) else [value]
-    if len(values) != 1 and not getattr(param, "multiple", False):
+    if len(values) != 1 and kind.type is not list:
         raise UsageError(f"{where} takes one value, not a list")
     out: list[str] = []
     for item in values:
         if isinstance(item, (dict, list)) or item is None:
             raise UsageError(f"{where}: values must be strings or numbers, not {item!r}")
+        _check_type(where, item, kind.type)
         out += [f"--{option}", str(item).lower() if isinstance(item, bool) else str(item)]
     return out
+
+
+def _check_type(where: str, item: Any, kind: Any) -> None:
+    """A value for an int or float setting must read as one (YAML may hand over `1e-3` as a string)."""
+    if kind not in (int, float):
+        return
+    try:
+        ok = not isinstance(item, bool) and (isinstance(item, int) or not isinstance(item, float) or kind is float)
+        if ok and isinstance(item, str):
+            kind(item)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UsageError(f"{where} takes {'an integer' if kind is int else 'a number'}, not {item!r}")
 
 
 def _unknown(raw: dict, allowed: set[str], what: str, fail: Callable[..., UsageError]) -> None:

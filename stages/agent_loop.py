@@ -33,30 +33,36 @@ from arlctl.inference.chat import ChatCodec, Segment
 from arlctl.schemas.builder import TrajectoryBuilder
 from arlctl.schemas.rows import TrajectoryRow
 from arlctl.schemas.safe_text import as_text, parquet_safe, parquet_safe_value
+from arlctl.settings import setting
 from arlctl.tools import TOOL_CALL_FORMATS, parse_tool_calls, parser_for_template
 
 
 @dataclass
 class RolloutConfig:
-    env: str = "math"
-    group_size: int = 4
-    concurrency: int = 64
-    max_turns: int = 6
-    max_tokens: int = 2048  # response tokens (generated + environment) per trajectory
-    max_new_tokens: int = 256  # per turn
-    max_context: int = 8192  # prompt + response, never exceeded
-    step_timeout: float = 30.0
-    trajectory_timeout: float = 3600.0
-    max_obs_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    retries: int = 3
-    retry_backoff: float = 0.5
-    tool_format: str | None = None  # tool-call parser; None: the one the chat template's family uses
-    max_top_up: int = 0  # per group: members that end env_error (infrastructure) are resampled this often
-    history: str = "full"  # "full": one prefix-consistent row per trajectory; "per-turn": one row per turn
-    template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template variables
+    env: str = setting("math", "Environment of tasks without their own (the CLI's --env).", cli=False)
+    group_size: int = setting(4, "Samples per task (GRPO group).", short="-G")
+    concurrency: int = setting(64, "Trajectories in flight.", short="-c")
+    max_turns: int = setting(6, "Model turns per trajectory.")
+    max_tokens: int = setting(2048, "Response tokens (generated + environment) per trajectory.")
+    max_new_tokens: int = setting(256, "Generated tokens per turn.")
+    max_context: int = setting(8192, "Prompt + response tokens, never exceeded (the policy's own when it "
+                                     "declares one).", cli=False)
+    step_timeout: float = setting(30.0, "Seconds per environment step.")
+    trajectory_timeout: float = setting(3600.0, "Seconds per trajectory, queueing for the policy included.")
+    max_obs_tokens: int = setting(512, "Observation tokens kept per turn.")
+    temperature: float = setting(1.0, "Sampling temperature.")
+    top_p: float = setting(1.0, "Nucleus sampling: keep the smallest token set with this much probability.")
+    seed: int | None = setting(None, "Sampling seed (per trajectory and turn).")
+    retries: int = setting(3, "Retries of a failed generation per turn (exponential backoff).", cli=False)
+    retry_backoff: float = setting(0.5, "Seconds before the first retry, doubling.", cli=False)
+    tool_format: str | None = setting(None, "Tool-call parser: hermes, llama3-json, mistral (default: the one "
+                                            "of the chat template's family).", flag="--tool-parser")
+    max_top_up: int = setting(0, "Per group: members that end env_error (infrastructure) are resampled this "
+                                 "often (the CLI's --top-up sets it to --max-top-up).", cli=False)
+    history: str = setting("full", "full: one prefix-consistent row per trajectory; per-turn: one row per turn, "
+                                   "each rendered by the chat template itself.")
+    template_kwargs: dict[str, Any] = setting(help="Extra chat-template variables (the CLI's "
+                                                   "--chat-template-kwargs).", cli=False, factory=dict)
 
     def sampling(self, max_new_tokens: int, seed: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens,
@@ -180,7 +186,7 @@ def check_generation(gen: Generation, vocab_size: int) -> None:
 
 def vocab_size(policy: Policy) -> int:
     """The id range a policy may sample from: its own `vocab_size` when it says, else the tokenizer's."""
-    return int(getattr(policy, "vocab_size", None) or len(policy.tokenizer))
+    return int(policy.vocab_size)
 
 
 def _seed_for(base: int | None, *parts: Any) -> int | None:
@@ -216,9 +222,10 @@ def parse_action(env: Env, text: str, tools: list[dict[str, Any]], tool_format: 
     parser, so the same env works under every chat template; an env with its own convention (fenced
     bash blocks, or a `parse_action` and no tool-call `tool_format`) parses its own turns.
     """
-    own = getattr(env, "parse_action", None)
-    if own is not None and getattr(env, "tool_format", None) not in TOOL_CALL_FORMATS:
-        return own(text)
+    if env.tool_format not in TOOL_CALL_FORMATS:
+        own = env.parse_action(text)
+        if own is not None:
+            return own
     calls, errors = parse_tool_calls(text, tool_format, tools)
     return Action(text=text, tool_calls=calls, parse_errors=errors)
 
@@ -278,7 +285,7 @@ async def run_trajectory(traj: Trajectory, policy: Policy, env: Env, codec: Chat
                          stats: Stats, turn_hook: Callable[[], Awaitable[None]] | None = None) -> TrajectoryRow:
     """One episode, start to finish. Bounded by cfg; every fault ends up recorded in the row."""
     row = traj.row
-    row.env_version = as_text(getattr(env, "version", "")) or ""
+    row.env_version = as_text(env.version) or ""
     try:
         # Reset may wait for a free sandbox, so it gets the trajectory's budget, not a step's.
         reset = await asyncio.wait_for(env.reset(traj.task), cfg.trajectory_timeout)
@@ -402,7 +409,7 @@ async def _turns(traj: Trajectory, policy: Policy, env: Env, codec: ChatCodec, c
 async def final_state_after_bound(row: TrajectoryRow, env: Env, cfg: RolloutConfig, stats: Stats) -> None:
     """Ended by a bound, not by the agent: keep what it left behind (the swe diff) for grading."""
     try:
-        row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)  # type: ignore[attr-defined]
+        row.final_state = await asyncio.wait_for(env.final_state(), cfg.step_timeout)
     except Exception as err:
         message = f"final_state failed: {type(err).__name__}: {err}"
         if not isinstance(err, EnvFailure | TimeoutError):  # counted; graded on what the row has
@@ -429,7 +436,7 @@ def _artifact_cut(env: Env) -> str | None:
     Optional env attribute `final_state_truncated`: an env that has to cut its artifact says so there,
     and the row becomes status `truncated` with the reason in the last turn's error.
     """
-    reason = getattr(env, "final_state_truncated", None)
+    reason = env.final_state_truncated
     return str(reason) if reason else None
 
 

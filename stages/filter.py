@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import threading
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,7 +67,8 @@ import pyarrow as pa
 import torch
 
 from arlctl.errors import CorruptShardError, TerminalError, UsageError
-from arlctl.io.fs import basename, get_fs, is_local, join
+from arlctl.io import ledger as run_ledger
+from arlctl.io.fs import basename, join
 from arlctl.io.shards import (
     Lineage,
     config_hash,
@@ -80,46 +81,13 @@ from arlctl.io.shards import (
     write_shard,
     write_table_atomic,
 )
-from arlctl.rl.advantages import ADVANTAGE_MODES, compute_advantages, group_ids_to_index
+from arlctl.rl.advantages import compute_advantages, group_ids_to_index
 from arlctl.schemas.values import MAX_POLICY_VERSION, BadValue, bad_rows, find_bad_values
+from arlctl.stages.configs import DEFAULT_KEEP_STATUS, FilterConfig  # noqa: F401 (API: the settings live in stages/configs.py, torch-free)
+from arlctl.stages.results import FilterIO, FilterResult
 from arlctl.turn_rows import CONTINUED, first_turn_indices
 
 RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
-DEFAULT_KEEP_STATUS = ("ok",)
-
-
-@dataclass
-class FilterConfig:
-    keep_status: list[str] = field(default_factory=lambda: list(DEFAULT_KEEP_STATUS))
-    min_group_size: int = 2
-    keep_uniform: float = 0.0
-    dedupe_threshold: float | None = None  # None: only exact duplicate ids are dropped
-    dedupe_ngram: int = 3
-    max_lag: int | None = None
-    decay: float = 0.0
-    where: str | None = None
-    max_pos_frac: float | None = None
-    adv: str = "group"
-    batch_groups: int = 8
-    min_groups: int = 1
-    seed: int = 0
-    vocab_size: int | None = None  # token ids must be below it; None: only negative ids are invalid
-
-    def check(self) -> None:
-        if self.adv not in ADVANTAGE_MODES:
-            raise UsageError(f"--adv must be one of {', '.join(ADVANTAGE_MODES)}, not {self.adv!r}")
-        if self.batch_groups < 1 or self.min_groups < 1 or self.min_group_size < 1:
-            raise UsageError("--batch-groups, --min-groups and --min-group-size must be >= 1")
-        if not 0.0 <= self.keep_uniform <= 1.0:
-            raise UsageError("--keep-uniform is a fraction in [0, 1]")
-        if self.max_pos_frac is not None and not 0.0 < self.max_pos_frac < 1.0:
-            raise UsageError("--max-pos-frac is a fraction in (0, 1)")
-        if self.dedupe_threshold is not None and not 0.0 < self.dedupe_threshold <= 1.0:
-            raise UsageError("--dedupe-threshold is a Jaccard similarity in (0, 1]")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise UsageError("--vocab-size must be >= 1")
-        if not (math.isfinite(self.decay) and self.decay >= 0):
-            raise UsageError("--decay must be a finite number >= 0")
 
 
 @dataclass
@@ -463,29 +431,20 @@ def _audit_table(ids, groups, source, outcome, part, invocation) -> pa.Table:
 
 # ----------------------------------------------------------------------------------------------- running
 
-MANIFEST_DIR = "_filter"  # hidden from shard readers: one JSON per finished invocation
+MANIFEST_DIR = run_ledger.MANIFEST_DIR  # hidden from shard readers: one JSON per finished invocation
 
 
 def current_policy_version(policy_dir: str | None, ckpt_dir: str | None) -> int:
-    """The trainer's current version: the newer of policy_dir/LATEST and the newest checkpoint step."""
+    """The trainer's current version: the newer of policy_dir/LATEST and the newest complete checkpoint step."""
     version = 0
     if policy_dir:
-        fs, path = get_fs(join(policy_dir, "LATEST"))
-        fs.invalidate_cache(path)  # a filter daemon on S3 must not read a cached listing
-        if fs.exists(path):
-            name = fs.cat_file(path).decode().strip()
-            if name.startswith("v") and name[1:].isdigit():
-                version = max(version, _sane_version(int(name[1:]), path))
+        published = run_ledger.latest_version(policy_dir)
+        if published is not None:
+            version = max(version, _sane_version(published, run_ledger.latest_url(policy_dir)))
     if ckpt_dir:
-        fs, path = get_fs(ckpt_dir)
-        fs.invalidate_cache(path)
-        if fs.exists(path):
-            steps = sorted((int(basename(e)[5:]), e) for e in fs.ls(path, detail=False)
-                           if basename(e).startswith("step-") and basename(e)[5:].isdigit())
-            for step, entry in reversed(steps):  # only a complete checkpoint (state.json written last) counts
-                if fs.exists(f"{entry.rstrip('/')}/state.json"):
-                    version = max(version, _sane_version(step, entry))
-                    break
+        latest = run_ledger.latest_checkpoint(ckpt_dir)
+        if latest is not None:
+            version = max(version, _sane_version(latest[0], str(latest[1])))
     return version
 
 
@@ -533,19 +492,15 @@ def _is_int(value: Any) -> bool:
 def _read_manifests(out_url: str, ledger: Ledger) -> set[str]:
     """Consumed inputs and finished invocations from `_filter/*.json`; a malformed manifest counts for nothing."""
     finished: set[str] = set()
-    fs, path = get_fs(join(out_url, MANIFEST_DIR))
-    if not fs.exists(path):
-        return finished
-    for entry in fs.ls(path, detail=False):
-        if not entry.endswith(".json"):
-            continue
+    for name, manifest in run_ledger.read_filter_manifests(out_url):
         try:
-            manifest = json.loads(fs.cat_file(entry))
+            if isinstance(manifest, Exception):
+                raise manifest
             inputs, invocation = manifest["inputs"], manifest["invocation"]
             if not (isinstance(invocation, str) and isinstance(inputs, list) and all(isinstance(i, str) for i in inputs)):
                 raise TypeError("inputs or invocation of the wrong type")
         except (ValueError, KeyError, TypeError, RecursionError) as err:
-            ledger.untrusted.append(f"{MANIFEST_DIR}/{basename(entry)}: malformed manifest ({type(err).__name__})")
+            ledger.untrusted.append(f"{MANIFEST_DIR}/{name}: malformed manifest ({type(err).__name__})")
             continue
         ledger.consumed.update(basename(i) for i in inputs)
         finished.add(invocation)
@@ -593,21 +548,6 @@ def _resume(record: dict[str, Any], in_url: str, out_url: str, metrics_url: str 
     return commit_plan(plan, out_url, metrics_url, cfg, record["written"])
 
 
-def _write_json_atomic(url: str, obj: dict[str, Any]) -> None:
-    fs, path = get_fs(url)
-    data = json.dumps(obj, indent=1, sort_keys=True).encode()
-    if is_local(fs):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    else:
-        fs.pipe_file(path, data)
-
-
 def commit_plan(plan: Plan, out_url: str, metrics_url: str | None, cfg: FilterConfig,
                 written: dict[int, str] | None = None) -> list[str]:
     """Write the plan's batches (skipping parts already written), then its audit, then its manifest."""
@@ -625,7 +565,7 @@ def commit_plan(plan: Plan, out_url: str, metrics_url: str | None, cfg: FilterCo
         audit = plan.audit.append_column("batch", pa.array([None if p is None else names[p] for p in parts],
                                                            pa.string()))
         write_table_atomic(audit, join(metrics_url, f"filter-{plan.invocation}.parquet"))
-    _write_json_atomic(join(out_url, MANIFEST_DIR, f"{plan.invocation}.json"), {
+    run_ledger.write_filter_manifest(out_url, plan.invocation, {
         "invocation": plan.invocation, "inputs": [basename(i) for i in plan.inputs], "batches": names,
         "counts": plan.counts, "current_version": plan.current_version,
     })
@@ -663,3 +603,11 @@ def run_filter(in_url: str, out_url: str, cfg: FilterConfig, current_version: in
         return summary
     summary["batches"] = commit_plan(plan, out_url, metrics_url, cfg)
     return summary
+
+
+def run(cfg: FilterConfig, io: FilterIO, stop: threading.Event | None = None) -> FilterResult:
+    """The stage's entry point: one invocation against the policy version of now (it moves while a daemon
+    runs). An invocation commits as one unit, so `stop` has nothing to cut inside it."""
+    now = io.current_version if io.current_version is not None else current_policy_version(io.policy_dir, io.ckpt_dir)
+    return FilterResult.from_summary(run_filter(io.in_url, io.out, cfg, now, metrics_url=io.metrics,
+                                                dry_run=io.dry_run, quarantine_bad=io.quarantine))

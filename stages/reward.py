@@ -40,6 +40,7 @@ from arlctl.io.fs import basename, join
 from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, consumed_inputs, quarantine, read_shard, scan, write_shard
 from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA
+from arlctl.stages.configs import RewardConfig
 from arlctl.turn_rows import CONTINUED, first_turn_indices
 
 
@@ -70,6 +71,38 @@ class RewardSummary:
     def rewarded(self) -> int:
         """Rows that got a reward (the others carry reward_info.error)."""
         return self.rows - len(self.row_errors)
+
+    def to_json(self) -> dict[str, Any]:
+        """The --json summary of `arlctl reward` (the command adds reward_version and metrics)."""
+        return self.as_dict()
+
+    def merge(self, other: RewardSummary) -> None:
+        """Add another round's counts (a --watch daemon reports its total)."""
+        for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.written += other.written
+        self.corrupt += other.corrupt
+        self.row_errors += other.row_errors
+        self.add_causes(other.error_causes)
+
+    def summary_line(self, version: str, out: str, dry_run: bool = False) -> str:
+        mean = "-" if not self.rewarded else f"{self.reward_sum / self.rewarded:.4f}"
+        shards = len(self.written) if not dry_run else self.inputs_seen - self.skipped_consumed
+        return (f"rewarded {self.rows} rows ({version}), mean reward {mean}; "
+                f"{'would write' if dry_run else 'wrote'} {shards} shards to {out}; skipped {self.skipped_consumed} "
+                "already consumed" + (f"; {len(self.row_errors)} rows got no reward (see above)"
+                                      if self.row_errors else ""))
+
+
+RewardResult = RewardSummary  # the stage's result type, under the name every stage uses
+
+
+@dataclass
+class RewardIO:
+    in_url: str  # rollout shards
+    out: str  # rewarded shards, one per input of the same name
+    worker: tuple[int, int] = (0, 1)  # (i, n): worker i's share of the inputs
+    dry_run: bool = False
 
 
 def _response_text(row: dict[str, Any]) -> str:
@@ -349,3 +382,15 @@ def reward_dir(in_url: str, out_url: str, reward: Reward | AutoReward, concurren
         more = f" (and {len(unreadable) - 1} more unreadable shards)" if len(unreadable) > 1 else ""
         raise CorruptShardError(unreadable[0].path, unreadable[0].reason + more)
     return summary
+
+
+def run(cfg: RewardConfig, io: RewardIO, stop: Any = None, reward: Reward | AutoReward | None = None) -> RewardResult:
+    """The stage's entry point: reward what is pending, stopping between shards once `stop` is set.
+    reward: the built reward function (default: cfg.reward built with no options)."""
+    from arlctl.envs.registry import get_reward
+
+    cfg.check()
+    fn = reward if reward is not None else get_reward(cfg.reward)
+    return reward_dir(io.in_url, io.out, fn, concurrency=cfg.concurrency,
+                      on_corrupt="quarantine" if cfg.quarantine else "raise", dry_run=io.dry_run, worker=io.worker,
+                      stop=stop)

@@ -37,6 +37,7 @@ uploaded with state.json last, and a resume downloads the newest complete one (a
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -49,6 +50,7 @@ import pyarrow as pa
 import torch
 
 from arlctl.errors import TerminalError, UsageError
+from arlctl.io import ledger as run_ledger
 from arlctl.io.fs import basename, join
 from arlctl.io.shards import read_shard, scan, write_table_atomic
 from arlctl.rl import checkpoint as ckpt
@@ -60,71 +62,10 @@ from arlctl.rl.batching import (
     score_tokens,
     trajectory_shares,
 )
-from arlctl.rl.losses import LOSS_AGG_MODES, LossConfig, finalize_metrics, policy_loss
+from arlctl.rl.losses import finalize_metrics, policy_loss
 from arlctl.schemas.values import find_bad_values
-
-LR_SCHEDULES = ("constant", "cosine")
-PRECISIONS = ("fp32", "bf16")
-
-
-@dataclass
-class TrainConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    cosine_steps: int = 1000  # horizon of the cosine decay (after warmup)
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    tis_cap: float | None = None
-    kl_coef: float = 0.0
-    loss_agg: str = "token-mean"
-    micro_tokens: int = 8192
-    precision: str = "fp32"
-    temperature: float = 1.0
-    save_every: int = 1
-    keep_checkpoints: int = 0  # after each save, delete all but the newest N complete checkpoints; 0 keeps all
-    max_steps: int | None = None  # steps in this invocation; None: every pending batch
-    seed: int = 0
-    device: str = "auto"  # auto: cuda when available, else cpu
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
-
-    def check(self) -> None:
-        if self.loss_agg not in LOSS_AGG_MODES:
-            raise UsageError(f"--loss-agg must be one of {', '.join(LOSS_AGG_MODES)}, not {self.loss_agg!r}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise UsageError(f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}")
-        if self.precision not in PRECISIONS:
-            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
-        if self.micro_tokens < 1 or self.save_every < 1:
-            raise UsageError("--micro-tokens and --save-every must be >= 1")
-        if self.keep_checkpoints < 0:
-            raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
-        self._check_numbers()
-
-    def _check_numbers(self) -> None:
-        """Every float option is a finite number in its range: --lr inf would write inf weights."""
-        at_least_zero = {"--lr": self.lr, "--weight-decay": self.weight_decay, "--eps-low": self.eps_low,
-                         "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio}
-        above_zero = {"--grad-clip": self.grad_clip, "--temperature": self.temperature}
-        if self.tis_cap is not None:
-            above_zero["--tis-cap"] = self.tis_cap
-        for name, value in {**at_least_zero, **above_zero}.items():
-            if not math.isfinite(value) or value < 0 or (name in above_zero and value == 0):
-                bound = "> 0" if name in above_zero else ">= 0"
-                raise UsageError(f"{name} must be a finite number {bound}, not {value}")
-
-    def loss(self) -> LossConfig:
-        return LossConfig(eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=self.tis_cap,
-                          kl_coef=self.kl_coef, loss_agg=self.loss_agg)
+from arlctl.stages.configs import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401 (API: the settings live in stages/configs.py, torch-free)
+from arlctl.stages.results import TrainIO, TrainResult
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
@@ -289,19 +230,22 @@ def pending_batches(in_url: str, consumed: set[str]) -> list[str]:
 
 
 def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metrics_url: str | None = None,
-          resume: bool = True, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
-    """Train on every pending batch shard (or --max-steps of them). Returns a summary dict."""
+          resume: bool = True, on_step: Callable[[int, dict[str, float]], None] | None = None,
+          stop: threading.Event | None = None) -> dict[str, Any]:
+    """Train on every pending batch shard (or --max-steps of them). Returns a summary dict.
+
+    stop: checked before each step; once set (SIGTERM), the step in progress finishes and is checkpointed."""
     cfg.check()
     torch.manual_seed(cfg.seed)
 
     # 1. Where do we start? The newest complete checkpoint, else the initial policy.
-    latest = ckpt.latest_checkpoint(ckpt_dir)
+    latest = run_ledger.latest_checkpoint(ckpt_dir)
     if latest is not None and not resume:
         raise UsageError(f"{ckpt_dir} already holds checkpoints and --no-resume was given",
                          hint="resume (the default), or train into an empty --out")
     if latest is None and policy is None:
         raise UsageError("no checkpoint to resume from and no --policy given")
-    state: dict[str, Any] = ckpt.read_state(latest[1]) if latest else {"step": 0, "consumed_batches": []}
+    state: dict[str, Any] = run_ledger.read_state(latest[1]) if latest else {"step": 0, "consumed_batches": []}
 
     # 2. Batches not yet consumed, in name order. Nothing to do is cheap: no model is loaded.
     step, consumed = int(state["step"]), list(state["consumed_batches"])
@@ -340,7 +284,11 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     # 5. The loop: one batch shard, one optimizer step.
     history: list[dict[str, float]] = []
     saved_at, save_s = step, 0.0
+    last_url = todo[0]
     for url in todo:
+        if stop is not None and stop.is_set():  # a step boundary: what is trained so far is saved below
+            break
+        last_url = url
         batch = read_shard(url, bad_values="keep")  # bad rows are dropped, counted, by train_step
         if batch.column("advantage").null_count:
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
@@ -358,14 +306,16 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
                             url, policy, ledger)
             saved_at = step
 
+    if not history:  # stopped before the first step: nothing new to save or report
+        return summary
     # 6. Always leave the final state in a checkpoint.
     if step != saved_at:
         save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
-                        todo[-1], policy, ledger)
+                        last_url, policy, ledger)
     events = [e for e in ledger.events if e["step"] > int(state["step"])]  # this invocation's
     return {
         **summary, "steps": len(history), "step": step, "save_s": save_s,
-        "checkpoint": ckpt.checkpoint_location(ckpt_dir, step),
+        "checkpoint": run_ledger.checkpoint_location(ckpt_dir, step),
         "loss_mean": _mean(h["loss"] for h in history), "reward_mean": _mean(h["reward_mean"] for h in history),
         "tokens_per_s": _mean(h["tokens_per_s"] for h in history),
         "skipped_nonfinite": sum(h["skipped_nonfinite"] for h in history),
@@ -457,3 +407,24 @@ def _mean(values) -> float | None:
 
 
 __all__ = ["TrainConfig", "forward_backward", "train", "train_step"]
+
+
+def run(cfg: TrainConfig, io: TrainIO, stop: threading.Event | None = None,
+        on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """The stage's entry point: `train` on `io`, stopping at a step boundary once `stop` is set."""
+    return TrainResult.from_summary(train(io.in_url, io.policy, io.out, cfg, metrics_url=io.metrics,
+                                          resume=io.resume, on_step=on_step, stop=stop))
+
+
+def plan(cfg: TrainConfig, io: TrainIO) -> TrainResult:
+    """What `run` would train on (--dry-run): the pending batches from the newest checkpoint; nothing loaded
+    or written."""
+    cfg.check()
+    latest = run_ledger.latest_checkpoint(io.out)
+    state: dict[str, Any] = run_ledger.read_state(latest[1]) if latest else {"step": 0, "consumed_batches": []}
+    todo = pending_batches(io.in_url, set(state["consumed_batches"]))
+    if cfg.max_steps is not None:
+        todo = todo[: cfg.max_steps]
+    return TrainResult(steps=0, step=int(state["step"]), batches=[basename(u) for u in todo],
+                       checkpoint=str(latest[1]) if latest else None,
+                       resumed_from=int(state["step"]) if latest else None)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK = {"cli": 7, "stages": 6, "serve": 6, "envs": 5, "inference": 4, "tools": 3, "sandbox": 2, "io": 2,
         "schemas": 1}
 # Re-export shims kept for one change while their importers move (issue 14); delete the entry with the shim.
-SHIMS = {"arlctl/inference/oracle.py"}
+SHIMS: set[str] = set()  # modules allowed to re-export from another layer (none today)
 
 
 def _package(module: str) -> str | None:

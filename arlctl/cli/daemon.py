@@ -3,7 +3,8 @@
 `run_stage` takes the stage's `once(stop)` (process everything pending, return a summary) and:
   - holds a RunLock on the stage's output (per worker share), so two cron-launched copies never
     overlap: the second waits up to --lock-wait seconds, else exits 75 with a message naming the holder;
-  - without --watch, calls once() and returns its summary;
+  - without --watch, calls once() and returns its summary; SIGTERM/SIGINT set its `stop` too, so a stage
+    that checks it (train between steps, reward between shards) ends at a unit boundary, committed;
   - with --watch, calls once() every --poll seconds until SIGTERM/SIGINT, which lets the current round
     finish and commit; `on_round` sees each round's summary (print it, log it).
 """
@@ -15,17 +16,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM/SIGINT."
-POLL_HELP = "Seconds between polls with --watch."
-LOCK_WAIT_HELP = "Seconds to wait for another copy of this stage on the same output to finish."
-
 
 def run_stage(once: Callable[[threading.Event | None], dict[str, Any]], *, out: str, lock_name: str,
               watch: bool, poll: float, lock_wait: float, dry_run: bool = False,
               units: Callable[[dict[str, Any]], int] = lambda s: 1,
               on_round: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     from arlctl.io.lock import RunLock
-    from arlctl.io.watch import watch_loop
+    from arlctl.io.watch import GracefulStop, watch_loop
 
     rounds: list[dict[str, Any]] = []
 
@@ -36,10 +33,11 @@ def run_stage(once: Callable[[threading.Event | None], dict[str, Any]], *, out: 
             on_round(summary)
         return units(summary)
 
+    stop = threading.Event()
     with contextlib.nullcontext() if dry_run else RunLock(out, lock_name, wait_s=lock_wait):
         if watch:
-            stop = threading.Event()
             watch_loop(lambda: step(stop), poll, stop=stop)
         else:
-            step(None)
+            with GracefulStop(stop):
+                step(stop)
     return rounds

@@ -6,9 +6,7 @@ import typer
 
 from arlctl.cli.common import console, handle_errors, plain, print_json
 
-HELP = """List environments and reward functions: built in (with their module), installed plugins (Python
-entry points in the groups arlctl.envs / arlctl.rewards, with distribution and version) and their notes.
-Plugins are listed, not loaded. Any `package.module:attribute` spec works too without being listed.
+HELP = """List environments and reward functions: built in (with their module), installed plugins (Python entry points in the groups arlctl.envs / arlctl.rewards, with distribution and version) and their notes. Plugins are listed, not loaded. Any `package.module:attribute` spec works too without being listed.
 
   arlctl envs
 
@@ -16,8 +14,7 @@ Plugins are listed, not loaded. Any `package.module:attribute` spec works too wi
 
   arlctl rollout --env mypkg.env:make --tasks tasks.jsonl --policy tiny --out /tmp/r   # out-of-tree env
 
-A plugin name equal to a built-in one is shown as shadowed: the built-in wins.
-"""
+A plugin name equal to a built-in one is shown as shadowed: the built-in wins."""
 
 
 def register(app: typer.Typer) -> None:

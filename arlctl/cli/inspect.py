@@ -12,8 +12,7 @@ from arlctl.cli.query import gather_shards
 from arlctl.io.duck import VIEW, connect
 from arlctl.stats import inspect_stats
 
-HELP = """Summarise shards: rows, groups, statuses, rewards, advantages, policy versions and lag,
-token statistics, the generation/environment time split, broken down per env.
+HELP = """Summarise shards: rows, groups, statuses, rewards, advantages, policy versions and lag, token statistics, the generation/environment time split, broken down per env.
 
   arlctl inspect RUN/rewarded
 

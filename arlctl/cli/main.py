@@ -11,8 +11,7 @@ from arlctl import __version__
 
 HELP = """arlctl: agentic reinforcement learning as composable, crash-safe stages over Parquet shards.
 
-Stages read and write one fixed trajectory schema, so they run one after another, from a shell loop
-or cron, or as daemons watching directories.
+Stages read and write one fixed trajectory schema, so they run one after another, from a shell loop or cron, or as daemons watching directories.
 
 Examples:
 

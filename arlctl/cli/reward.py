@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.cli.daemon import LOCK_WAIT_HELP, POLL_HELP, WATCH_HELP, run_stage
+from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.daemon import run_stage
+from arlctl.cli.options import (
+    DryRunOpt,
+    InOpt,
+    JsonOpt,
+    LockWaitOpt,
+    OutOpt,
+    PollOpt,
+    RunOpt,
+    WatchOpt,
+    config_command,
+)
 from arlctl.cli.rollout import parse_env_options
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io.layout import metrics_dir_for, resolve_io
+from arlctl.stages.configs import RewardConfig
 
 MAX_ROW_ERRORS_SHOWN = 10  # rows named on stderr per round; --json carries them all
 
-HELP = """Score trajectories with a reward function: fills reward, reward_components, reward_info and
-reward_version. Each input shard gives one output shard of the same name; re-running skips what the
-output directory already holds (lineage), so it is safe after a crash or from cron.
+HELP = """Score trajectories with a reward function: fills reward, reward_components, reward_info and reward_version. Each input shard gives one output shard of the same name; re-running skips what the output directory already holds (lineage), so it is safe after a crash or from cron.
 
   arlctl reward --run runs/r1 --reward math
 
@@ -29,52 +39,39 @@ output directory already holds (lineage), so it is safe after a crash or from cr
 
   arlctl reward --run runs/mix --reward auto --reward-opt swe.sandbox=docker
 
---reward auto scores each row with the reward registered under the row's own `env` (built in, or a
-plugin's `arlctl.rewards` entry point of that name); --reward-opt then takes ENV.KEY=VALUE. A row whose
-env has no reward gets reward = null with reward_info.error "no reward registered for env X", never 0.
-The rows of a `rollout --history per-turn` trajectory are scored once, on their last row, and all get
-that reward.
+--reward auto scores each row with the reward registered under the row's own `env` (built in, or a plugin's `arlctl.rewards` entry point of that name); --reward-opt then takes ENV.KEY=VALUE. A row whose env has no reward gets reward = null with reward_info.error "no reward registered for env X", never 0. The rows of a `rollout --history per-turn` trajectory are scored once, on their last row, and all get that reward.
 
-A row whose task is not a JSON object, or that the reward function fails on, gets reward = null and
-reward_info {"error": cause}, named on stderr; its shard is still written. An unreadable input shard
-is reported (exit 1) after the others are rewarded; --quarantine moves it to _quarantine/ instead.
-When no row got a reward, or more than --max-error-frac of the rows got none, the command exits 1
-naming the most common cause, after writing its output. One metrics row per invocation goes to
-RUN/metrics/reward-*.parquet: rows, rewarded, errors, seconds and error_causes (JSON {cause: rows};
-"infra:" causes are the grader's, not the policy's).
+A row whose task is not a JSON object, or that the reward function fails on, gets reward = null and reward_info {"error": cause}, named on stderr; its shard is still written. An unreadable input shard is reported (exit 1) after the others are rewarded; --quarantine moves it to _quarantine/ instead. When no row got a reward, or more than --max-error-frac of the rows got none, the command exits 1 naming the most common cause, after writing its output. One metrics row per invocation goes to RUN/metrics/reward-*.parquet: rows, rewarded, errors, seconds and error_causes (JSON {cause: rows}; "infra:" causes are the grader's, not the policy's).
 """
 
 
 def register(app: typer.Typer) -> None:
     @app.command("reward", help=HELP)
     @handle_errors
+    @config_command(RewardConfig)
     def reward_cmd(
-        reward: str = typer.Option("math", "--reward",
-                                   help="Reward function: math, swe, a plugin name, module:attr, or auto (per row env)."),
-        run: str = typer.Option(None, "--run", help="Run directory: RUN/rollouts -> RUN/rewarded."),
-        in_: str = typer.Option(None, "--in", help="Input shard directory."),
-        out: str = typer.Option(None, "--out", help="Output shard directory."),
-        reward_opt: list[str] = typer.Option([], "--reward-opt", help="KEY=VALUE options of the reward (ENV.KEY=VALUE with --reward auto)."),
-        concurrency: int = typer.Option(4, "--concurrency", help="Rows graded at once (sandboxed graders)."),
-        quarantine: bool = typer.Option(False, "--quarantine", help="Move corrupt inputs to _quarantine/ and go on."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Score but write nothing."),
-        worker: str = typer.Option(None, "--worker", help="I/N: take only worker I's share of the inputs (0-based)."),
-        watch: bool = typer.Option(False, "--watch", help=WATCH_HELP),
-        poll: float = typer.Option(5.0, "--poll", help=POLL_HELP),
-        lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
-        max_error_frac: float = typer.Option(0.5, "--max-error-frac",
-                                             help="Exit 1 when more than this fraction of rows got no reward."),
-        as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
+        cfg: RewardConfig,
+        run: RunOpt = None,
+        in_: InOpt = None,
+        out: OutOpt = None,
+        dry_run: DryRunOpt = False,
+        worker: Annotated[str | None, typer.Option(
+            "--worker", help="I/N: take only worker I's share of the inputs (0-based).")] = None,
+        watch: WatchOpt = False,
+        poll: PollOpt = 5.0,
+        lock_wait: LockWaitOpt = 0.0,
+        as_json: JsonOpt = False,
     ) -> None:
         from arlctl.envs.registry import get_reward
         from arlctl.io.partition import parse_worker
-        from arlctl.stages.reward import AutoReward, RewardSummary, reward_dir
+        from arlctl.stages import reward as stage
+        from arlctl.stages.reward import AutoReward, RewardIO, RewardResult
 
-        if not 0.0 <= max_error_frac <= 1.0:
-            raise UsageError(f"--max-error-frac is a fraction in [0, 1], not {max_error_frac}")
+        cfg.check()
+        reward = cfg.reward
         in_, out = resolve_io("reward", run, in_, out)
         shard = parse_worker(worker)
-        reward_options = parse_env_options(reward_opt, "--reward-opt")
+        reward_options = parse_env_options(cfg.reward_opt, "--reward-opt")
         fn = AutoReward(per_env_options(reward_options)) if reward == "auto" else get_reward(reward, **reward_options)
         if reward == "swe" and not dry_run:  # the grader's sandbox must run pytest, or every row fails
             from arlctl.doctor import DoctorOptions, preflight, stage_checks
@@ -82,48 +79,37 @@ def register(app: typer.Typer) -> None:
             kind = str(reward_options.get("sandbox") or "bwrap")
             preflight(stage_checks("swe", kind, grading=True),
                       DoctorOptions(sandbox=kind, image=reward_options.get("image")))
-        mode = "quarantine" if quarantine else "raise"
-        total = RewardSummary()
+        io = RewardIO(in_url=in_, out=out, worker=shard, dry_run=dry_run)
+        total = RewardResult()
 
         def once(stop) -> dict:
-            done = reward_dir(in_, out, fn, concurrency=concurrency, on_corrupt=mode, dry_run=dry_run,
-                              worker=shard, stop=stop)
-            for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum"):
-                setattr(total, name, getattr(total, name) + getattr(done, name))
-            total.written += done.written
-            total.corrupt += done.corrupt
-            total.row_errors += done.row_errors
-            total.add_causes(done.error_causes)
+            done = stage.run(cfg, io, stop, reward=fn)
+            total.merge(done)
             for line in done.row_errors[:MAX_ROW_ERRORS_SHOWN]:
                 console.print(f"[yellow]no reward[/] {escape(line)}", soft_wrap=True)
             if len(done.row_errors) > MAX_ROW_ERRORS_SHOWN:
                 console.print(f"[yellow]no reward[/] ... and {len(done.row_errors) - MAX_ROW_ERRORS_SHOWN} more rows "
                               "(each has reward_info.error)")
-            return done.as_dict()
+            return done.to_json()
 
         started = time.monotonic()
         run_stage(once, out=out, lock_name="reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}",
                   watch=watch, poll=poll, lock_wait=lock_wait, dry_run=dry_run,
                   units=lambda summary: len(summary["written"]))
         total.seconds = time.monotonic() - started
-        summary = total.as_dict()
+        summary = total.to_json()
         summary["reward_version"] = fn.version
-        if not dry_run and summary["rows"]:
+        if not dry_run and total.rows:
             summary["metrics"] = write_reward_metrics(total, fn.version, metrics_dir_for(out, run))
         if as_json:
             print_json(summary)
-        mean = "-" if summary["mean_reward"] is None else f"{summary['mean_reward']:.4f}"
-        verb = "would write" if dry_run else "wrote"
-        console.print(f"rewarded {summary['rows']} rows ({fn.version}), mean reward {mean}; {verb} "
-                      f"{len(summary['written']) if not dry_run else summary['inputs'] - summary['skipped_consumed']} "
-                      f"shards to {out}; skipped {summary['skipped_consumed']} already consumed"
-                      + (f"; {len(summary['row_errors'])} rows got no reward (see above)" if summary["row_errors"] else ""))
-        for line in summary["corrupt"]:
+        console.print(plain(total.summary_line(fn.version, out, dry_run)), soft_wrap=True)
+        for line in total.corrupt:
             console.print(f"[yellow]quarantined[/] {escape(line)}", soft_wrap=True)
-        if summary["rows"] and not total.rewarded:  # every row failed: a broken grader, not a 0 for the policy
-            raise TerminalError(f"no row got a reward: all {summary['rows']} failed; first: {total.row_errors[0]}",
+        if total.rows and not total.rewarded:  # every row failed: a broken grader, not a 0 for the policy
+            raise TerminalError(f"no row got a reward: all {total.rows} failed; first: {total.row_errors[0]}",
                                 hint="run `arlctl doctor`; the rows are written with reward_info.error")
-        check_error_frac(total, max_error_frac)
+        check_error_frac(total, cfg.max_error_frac)
 
 
 def per_env_options(options: dict[str, Any]) -> dict[str, dict[str, Any]]:

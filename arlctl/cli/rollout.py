@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 from typing import Any
 
@@ -11,13 +12,22 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from arlctl.cli.common import console, handle_errors, plain, print_json, terminal_safe
-from arlctl.cli.daemon import LOCK_WAIT_HELP
+from arlctl.cli.options import (
+    DryRunOpt,
+    JsonOpt,
+    LockWaitOpt,
+    OutOpt,
+    PollOpt,
+    RunOpt,
+    WatchOpt,
+    config_command,
+)
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io.layout import resolve_io
+from arlctl.stages.agent_loop import RolloutConfig
 from arlctl.stages.rollout_job import EnvPicker, parse_env_options  # noqa: F401  (cli/reward imports it from here)
 
-HELP = """Run the policy on tasks: G samples per task (a GRPO group), many trajectories in flight,
-multi-turn with tools. Shards are written as groups finish (a group is never split across shards).
+HELP = """Run the policy on tasks: G samples per task (a GRPO group), many trajectories in flight, multi-turn with tools. Shards are written as groups finish (a group is never split across shards).
 
   arlctl rollout --env math --tasks "builtin:math?n=64&seed=0" --policy default --run runs/r1 -G 4
 
@@ -29,49 +39,32 @@ multi-turn with tools. Shards are written as groups finish (a group is never spl
 
 Ctrl-C (or SIGTERM) stops new work, ends in-flight trajectories as `aborted` and flushes everything.
 
-With --watch it runs as a daemon: epoch after epoch over the tasks (--max-epochs N to stop), reloading
-the policy at turn boundaries when RUN/policy/LATEST names a newer version (checked every --poll s),
-and holding back new groups while the untrained backlog would exceed --max-pending rows or the trainer
-is more than --max-staleness versions ahead (README "Running as daemons").
+With --watch it runs as a daemon: epoch after epoch over the tasks (--max-epochs N to stop), reloading the policy at turn boundaries when RUN/policy/LATEST names a newer version (checked every --poll s), and holding back new groups while the untrained backlog would exceed --max-pending rows or the trainer is more than --max-staleness versions ahead (README "Running as daemons").
 """
 
 
 def register(app: typer.Typer) -> None:
     @app.command("rollout", help=HELP)
     @handle_errors
+    @config_command(RolloutConfig)
     def rollout_cmd(
+        cfg: RolloutConfig,
         env: str = typer.Option(None, "--env", help="Environment: math, swe, a plugin name or module:factory "
                                 "(default: each task's own \"env\" field, else math)."),
         tasks: list[str] = typer.Option([], "--tasks", help="builtin:NAME?opts or a JSONL file (default builtin:ENV); "
                                         "with --env-mix, repeat as ENV=SOURCE."),
         env_mix: str = typer.Option(None, "--env-mix", help="Sample groups across envs at these ratios, e.g. "
                                     "'swe:0.7,math:0.3' (tasks per env from --tasks ENV=SOURCE or builtin)."),
-        history: str = typer.Option("full", "--history", help="full: one prefix-consistent row per trajectory; "
-                                    "per-turn: one row per turn, each rendered by the chat template itself."),
         chat_template_kwargs: list[str] = typer.Option(
             [], "--chat-template-kwargs", help="KEY=VALUE for the chat template (repeatable), e.g. enable_thinking=false."),
-        tool_parser: str = typer.Option(None, "--tool-parser", help="Tool-call parser: hermes, llama3-json, mistral "
-                                        "(default: the one of the chat template's family)."),
         max_error_frac: float = typer.Option(0.5, "--max-error-frac", help="Exit 1 when more than this share of "
                                              "trajectories ends env_error or policy_error."),
         policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny."),
         backend: str = typer.Option("hf", "--backend", help="Inference backend: hf, vllm, openai."),
         server: list[str] = typer.Option([], "--server", help="openai backend: server URL (repeatable)."),
-        run: str = typer.Option(None, "--run", help="Run directory; output goes to RUN/rollouts."),
-        out: str = typer.Option(None, "--out", help="Output directory (any fsspec URL)."),
-        group_size: int = typer.Option(4, "--group-size", "-G", help="Samples per task (GRPO group)."),
-        concurrency: int = typer.Option(64, "--concurrency", "-c", help="Trajectories in flight."),
+        run: RunOpt = None,
+        out: OutOpt = None,
         limit: int = typer.Option(None, "--limit", help="Use only the first N tasks."),
-        max_turns: int = typer.Option(6, "--max-turns"),
-        max_tokens: int = typer.Option(2048, "--max-tokens", help="Response tokens per trajectory."),
-        max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Generated tokens per turn."),
-        step_timeout: float = typer.Option(30.0, "--step-timeout", help="Seconds per environment step."),
-        trajectory_timeout: float = typer.Option(3600.0, "--trajectory-timeout",
-                                                 help="Seconds per trajectory, queueing for the policy included."),
-        max_obs_tokens: int = typer.Option(512, "--max-obs-tokens", help="Observation tokens kept per turn."),
-        temperature: float = typer.Option(1.0, "--temperature"),
-        top_p: float = typer.Option(1.0, "--top-p"),
-        seed: int = typer.Option(None, "--seed", help="Sampling seed (per trajectory and turn)."),
         top_up: bool = typer.Option(False, "--top-up", help="Resample a member that ends env_error (a dead "
                                     "sandbox: infrastructure, not the model) with a new seed, so groups stay at G."),
         max_top_up: int = typer.Option(2, "--max-top-up", help="--top-up: resamples allowed per group."),
@@ -88,29 +81,28 @@ def register(app: typer.Typer) -> None:
         sandboxes: int = typer.Option(None, "--sandboxes", help="swe: warm sandboxes in the pool."),
         insecure_sandbox: bool = typer.Option(False, "--insecure-sandbox",
                                               help="Allow the subprocess backend (trusted code only)."),
-        watch: bool = typer.Option(False, "--watch", help="Daemon: run epochs over the tasks until SIGTERM/SIGINT."),
+        watch: WatchOpt = False,
         max_epochs: int = typer.Option(None, "--max-epochs", help="--watch: stop after N epochs (default: never)."),
-        poll: float = typer.Option(5.0, "--poll", help="--watch: seconds between LATEST and backlog checks."),
+        poll: PollOpt = 5.0,
         max_pending: int = typer.Option(None, "--max-pending",
                                         help="--watch: untrained rows (in flight included) never exceed this."),
         max_staleness: int = typer.Option(None, "--max-staleness",
                                           help="--watch: start no trajectory more than K versions behind the trainer."),
-        lock_wait: float = typer.Option(0.0, "--lock-wait", help=LOCK_WAIT_HELP),
+        lock_wait: LockWaitOpt = 0.0,
         worker: str = typer.Option(None, "--worker", help="I/N: roll out only worker I's share of the tasks."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Render the first prompt; write nothing."),
-        as_json: bool = typer.Option(False, "--json", help="One JSON summary on stdout."),
+        dry_run: DryRunOpt = False,
+        as_json: JsonOpt = False,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     ) -> None:
         from arlctl.io.partition import owns, parse_worker
         from arlctl.stages import rollout_job as job_api
-        from arlctl.stages.rollout import RolloutConfig
 
-        job_api.check_sampling_options(temperature, top_p, max_new_tokens, seed)
-        job_api.check_loop_options(history, tool_parser, max_error_frac)
+        job_api.check_sampling_options(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
+        job_api.check_loop_options(cfg.history, cfg.tool_format, max_error_frac)
         template_kwargs = job_api.parse_template_kwargs(chat_template_kwargs)
         if max_top_up < 0:
             raise UsageError(f"--max-top-up must be >= 0, got {max_top_up}")
-        task_list, env = job_api.load_task_list(env, tasks, env_mix, limit, seed)
+        task_list, env = job_api.load_task_list(env, tasks, env_mix, limit, cfg.seed)
         share = parse_worker(worker)
         task_list = [t for t in task_list if owns(str(t.get("task_id", "")), *share)]
         options = job_api.parse_env_options(env_opt)
@@ -120,46 +112,51 @@ def register(app: typer.Typer) -> None:
         picker = job_api.EnvPicker(options)
         env_names = picker.check(task_list, env)  # unknown envs or options: a usage error before any work
         if dry_run:
-            _dry_run(task_list, picker, policy, template_kwargs, tool_parser)
+            _dry_run(task_list, picker, policy, template_kwargs, cfg.tool_format)
             return
         _preflight(env_names, options.get("sandbox"), backend)
         _, out = resolve_io("rollout", run, None, out)
-        cfg = RolloutConfig(env=env, group_size=group_size, concurrency=concurrency, max_turns=max_turns,
-                            max_tokens=max_tokens, max_new_tokens=max_new_tokens, step_timeout=step_timeout,
-                            trajectory_timeout=trajectory_timeout, max_obs_tokens=max_obs_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed,
-                            max_top_up=max_top_up if top_up else 0, history=history, tool_format=tool_parser,
-                            template_kwargs=template_kwargs)
+        # The command's own options that complete the loop settings (--env from the tasks, --top-up gating).
+        cfg = dataclasses.replace(cfg, env=env, max_top_up=max_top_up if top_up else 0, template_kwargs=template_kwargs)
         job = job_api.RolloutJob(
             cfg=cfg, tasks=task_list, envs=picker, out=out, run=run, backend=backend,
             sources=list(tasks) or [f"builtin:{env}"], policy_spec=policy, flush_groups=flush_groups,
             flush_seconds=flush_seconds, prefix=prefix,
-            daemon=job_api.daemon_options(watch, max_epochs, poll, max_pending, max_staleness, group_size, policy,
+            daemon=job_api.daemon_options(watch, max_epochs, poll, max_pending, max_staleness, cfg.group_size, policy,
                                           run, out))
+        from arlctl.inference.base import as_policy
         from arlctl.inference.loader import load_policy
         from arlctl.io.lock import RunLock
 
         backend_opts: dict[str, Any] = {"max_batch": max_batch,
                                         **job_api.parse_env_options(backend_opt, "--backend-opt")}
-        if policy.startswith("oracle:"):
-            backend_opts["tasks"] = task_list
         if server:
             backend_opts["servers"] = server
         lock_name = "rollout" if share[1] == 1 else f"rollout-worker{share[0]}of{share[1]}"
         with RunLock(out, lock_name, wait_s=lock_wait):
-            pol = load_policy(policy, backend=backend, **backend_opts)
-            cfg.max_context = int(getattr(pol, "max_context", None) or cfg.max_context)
+            pol = as_policy(_scripted(policy, task_list) if policy.startswith("oracle:")
+                            else load_policy(policy, backend=backend, **backend_opts))
+            cfg.max_context = int(pol.max_context or cfg.max_context)
             result = asyncio.run(_run_with_progress(job, pol, quiet))
         if as_json:
             print_json(result.to_json())
         console.print(plain(result.summary_line()))
-        if result.template_rewrites_history and history == "full":
+        if result.template_rewrites_history and cfg.history == "full":
             console.print("note: the chat template re-renders earlier turns (it drops their reasoning); rows keep "
                           "what the model saw, prefix-consistent. --history per-turn renders every turn's prompt "
                           "as the template does (README \"Chat templates\").", markup=False)
         failed = result.failure(len(task_list), max_error_frac)
         if failed is not None:
             raise TerminalError(failed[0], hint=failed[1])
+
+
+def _scripted(policy: str, task_list: list[dict[str, Any]]) -> Any:
+    """A scripted policy (`oracle:gold` applies each swe task's gold patch through the tools); it lives
+    with the swe env that knows the gold patches, so it is chosen here, above both layers."""
+    from arlctl import models
+    from arlctl.envs.swe.oracle import load_oracle
+
+    return load_oracle(policy, models.smollm2_tokenizer(), tasks=task_list)
 
 
 def _preflight(env_names: list[str], sandbox: str | None, backend: str) -> None:

@@ -13,20 +13,13 @@ from arlctl.cli.common import console, handle_errors
 from arlctl.errors import TerminalError, UsageError
 from arlctl.serve.validation import DEFAULT_MAX_BODY_BYTES
 
-HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and record
-each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces
-training data.
+HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and record each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces training data.
 
   arlctl serve --policy default --port 8000 --record runs/r1/rollouts
 
   OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=x my-agent ...
 
-A session is named by the X-Arlctl-Session request header (else found by matching the conversation
-prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops;
-its rows are written then. Ctrl-C or SIGTERM writes every open session and exits (a second one exits
-at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400
-naming the field. Exit status 1 when some session's rows could not be written (each is logged).
-"""
+A session is named by the X-Arlctl-Session request header (else found by matching the conversation prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops; its rows are written then. Ctrl-C or SIGTERM writes every open session and exits (a second one exits at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400 naming the field. Exit status 1 when some session's rows could not be written (each is logged)."""
 
 
 def register(app: typer.Typer) -> None:

@@ -14,9 +14,7 @@ from arlctl.cli.query import gather_shards
 from arlctl.errors import TerminalError
 from arlctl.io.duck import VIEW, connect
 
-HELP = """Show one trajectory turn by turn: the prompt, each generation (sampled, mask 1, green), each
-tool call and observation (environment, mask 0, dim), then the reward and its details.
-An id prefix is enough when it is unique.
+HELP = """Show one trajectory turn by turn: the prompt, each generation (sampled, mask 1, green), each tool call and observation (environment, mask 0, dim), then the reward and its details. An id prefix is enough when it is unique.
 
   arlctl show 0192f3c4 RUN/rewarded
 

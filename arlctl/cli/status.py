@@ -6,12 +6,7 @@ import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
 
-HELP = """Show a run directory's state: per stage the shards and rows waiting at its input and what it
-wrote, the published policy version and the trainer step, the untrained backlog (the number rollout
---max-pending bounds), the staleness distribution of trained and waiting rows, the reward trend, the
-last errors stages recorded in RUN/metrics and their error causes summed over all metrics files
-(infrastructure causes "infra:..." first), and, when the run mixes envs, rows and recent reward per env.
-Works on local paths and fsspec URLs (s3://...).
+HELP = """Show a run directory's state: per stage the shards and rows waiting at its input and what it wrote, the published policy version and the trainer step, the untrained backlog (the number rollout --max-pending bounds), the staleness distribution of trained and waiting rows, the reward trend, the last errors stages recorded in RUN/metrics and their error causes summed over all metrics files (infrastructure causes "infra:..." first), and, when the run mixes envs, rows and recent reward per env. Works on local paths and fsspec URLs (s3://...).
 
   arlctl status runs/r1
 

@@ -11,11 +11,7 @@ import typer
 
 from arlctl.cli.common import console, handle_errors
 
-HELP = """Start every stage of a recipe as a daemon (`arlctl STAGE --watch ...`), each in its own process
-group with its log in RUN/logs/<stage>-<i>.log; restart a crashed one with exponential backoff; stop them
-all cleanly on Ctrl-C or SIGTERM (SIGTERM, a grace period, then SIGKILL). A live dashboard shows, per
-stage, its state, pids, restarts, the shards waiting at its input, throughput and the last error line of
-its log, with the policy version, trainer step, staleness and reward trend.
+HELP = """Start every stage of a recipe as a daemon (`arlctl STAGE --watch ...`), each in its own process group with its log in RUN/logs/<stage>-<i>.log; restart a crashed one with exponential backoff; stop them all cleanly on Ctrl-C or SIGTERM (SIGTERM, a grace period, then SIGKILL). A live dashboard shows, per stage, its state, pids, restarts, the shards waiting at its input, throughput and the last error line of its log, with the policy version, trainer step, staleness and reward trend.
 
   arlctl up recipes/math_daemons.yaml
 

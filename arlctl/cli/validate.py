@@ -9,12 +9,7 @@ from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import CorruptShardError, TerminalError, UsageError
 from arlctl.io.shards import quarantine, read_shard, scan
 
-HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every
-value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets
-inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule
-invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows.
---quarantine moves bad shards to `_quarantine/` beside them. Files whose names hold glob characters
-(* ? [ ] { }) are never read.
+HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows. --quarantine moves bad shards to `_quarantine/` beside them. Files whose names hold glob characters (* ? [ ] { }) are never read.
 
   arlctl validate RUN/rollouts RUN/rewarded
 

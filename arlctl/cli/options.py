@@ -1,0 +1,96 @@
+"""Command options in one place: the aliases every stage command shares, and options derived from a config.
+
+A stage's settings are one dataclass (stages/configs.py, stages/agent_loop.RolloutConfig) whose fields carry
+their help text in `field(metadata=...)` (see arlctl/settings.py). `config_command(XConfig)` turns those fields into
+the command's Typer options -- same name, type and default -- and hands the command one built `cfg`, so a
+default is written once, in the dataclass. Typer reads a command's parameters with `inspect.signature`,
+which honours `__signature__`: that is all the mechanism is.
+
+The options every stage shares (--run, --in, --out, --metrics, --watch, --poll, --lock-wait, --json,
+--dry-run) are `Annotated` aliases, declared once here (STYLE.md, sqlite-utils `output_options`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from arlctl.settings import cli_fields, field_default, field_types, flag_of
+
+WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM/SIGINT."
+POLL_HELP = "Seconds between polls with --watch."
+LOCK_WAIT_HELP = "Seconds to wait for another copy of this stage on the same output to finish."
+
+RunOpt = Annotated[str | None, typer.Option("--run", help="Run directory that fills the defaults.")]
+InOpt = Annotated[str | None, typer.Option("--in", help="Input shard directory (default: the run's).")]
+OutOpt = Annotated[str | None, typer.Option("--out", help="Output directory, local or a URL (default: the run's).")]
+MetricsOpt = Annotated[str | None, typer.Option("--metrics", help="Metrics directory (default RUN/metrics).")]
+WatchOpt = Annotated[bool, typer.Option("--watch", help=WATCH_HELP)]
+PollOpt = Annotated[float, typer.Option("--poll", help=POLL_HELP)]
+LockWaitOpt = Annotated[float, typer.Option("--lock-wait", help=LOCK_WAIT_HELP)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would happen; write nothing.")]
+
+
+def config_parameters(config: type, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """One keyword parameter per option field of `config`, as Typer reads them."""
+    types = field_types(config)
+    params = []
+    for f in cli_fields(config):
+        if f.name in skip:
+            continue
+        decls = [f.metadata.get("flag") or flag_of(f)] + ([f.metadata["short"]] if f.metadata.get("short") else [])
+        option = typer.Option(*decls, help=f.metadata.get("help") or None)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=field_default(f),
+                                        annotation=Annotated[types[f.name], option]))
+    return params
+
+
+def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = ()) -> Callable:
+    """Decorate a command `fn(cfg: XConfig, <its own options>)`: its options become the command's own plus
+    one per field of `config` (names, types, defaults and help from the dataclass), and `fn` receives the
+    built config object as `param`. Fields in `skip` are left at their default, not options."""
+
+    def decorate(fn: Callable) -> Callable:
+        own = [_resolved(fn, p) for name, p in inspect.signature(fn).parameters.items() if name != param]
+        derived = config_parameters(config, skip)
+        names = {f.name for f in cli_fields(config) if f.name not in skip}
+        clash = names & {p.name for p in own}
+        if clash:
+            raise TypeError(f"{fn.__name__}: options {sorted(clash)} are both config fields and own options")
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in names if name in kwargs}
+            values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}  # click: tuples
+            return fn(**kwargs, **{param: config(**values)})
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + derived
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        del command.__wrapped__  # Typer must read __signature__, not the undecorated function
+        return command
+
+    return decorate
+
+
+def _resolved(fn: Callable, p: inspect.Parameter) -> inspect.Parameter:
+    """`p` with its annotation evaluated where `fn` was written: Typer evaluates string annotations in the
+    generated command's module, which is this one, not the command's."""
+    if isinstance(p.annotation, str):
+        return p.replace(annotation=eval(p.annotation, fn.__globals__))  # noqa: S307 (our own source text)
+    return p
+
+
+def option_defaults(command: Any) -> dict[str, tuple[str, Any]]:
+    """{long option: (parameter name, default)} of a click command: what tests compare with the configs."""
+    out: dict[str, tuple[str, Any]] = {}
+    for p in command.params:
+        for opt in [*p.opts, *getattr(p, "secondary_opts", [])]:
+            if opt.startswith("--"):
+                out[opt] = (p.name, p.default)
+    return out

@@ -1,0 +1,204 @@
+"""The settings of the train, filter, reward and sync stages: one dataclass each, every default written once.
+
+Each field says what it means (`setting(default, help)`, arlctl/settings.py); `arlctl <stage>` derives its
+options from these fields (arlctl/cli/options.py) and `arlctl up` checks recipes against them. They live
+apart from their stages so that building the CLI or checking a recipe never imports torch; each stage
+module re-exports its own (`from arlctl.stages.train import TrainConfig` keeps working). Rollout's
+settings are `RolloutConfig` in stages/agent_loop.py, next to the loop that reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from arlctl.errors import UsageError
+from arlctl.settings import setting
+
+LR_SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("fp32", "bf16")
+DEFAULT_KEEP_STATUS = ("ok",)
+NOTIFY_FLAVORS = ("vllm", "sglang")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = setting(1e-6, "Peak learning rate (AdamW).")
+    weight_decay: float = setting(0.0, "AdamW weight decay.")
+    adam_betas: tuple[float, float] = setting((0.9, 0.999), "AdamW betas.", cli=False)
+    warmup_steps: int = setting(0, "Linear warmup steps from 0 to --lr.")
+    lr_schedule: str = setting("constant", "constant | cosine (after warmup).")
+    cosine_steps: int = setting(1000, "Cosine horizon in steps.")
+    min_lr_ratio: float = setting(0.0, "Floor of the cosine decay as a fraction of --lr.", cli=False)
+    grad_clip: float = setting(1.0, "Max gradient norm.")
+    eps_low: float = setting(0.2, "PPO clip below: ratio >= 1 - eps_low.")
+    eps_high: float = setting(0.2, "PPO clip above: ratio <= 1 + eps_high.")
+    tis_cap: float | None = setting(None, "Truncated importance-sampling cap.")
+    kl_coef: float = setting(0.0, "k3 KL to the initial policy.")
+    loss_agg: str = setting("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean.")
+    micro_tokens: int = setting(8192, "Padded tokens per micro-batch.")
+    precision: str = setting("fp32", "fp32 | bf16 (autocast).")
+    temperature: float = setting(1.0, "Sampling temperature of the rollouts.")
+    save_every: int = setting(1, "Checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = setting(0, "Keep only the newest N checkpoints (0: keep all; 2+ while `arlctl sync "
+                                       "--watch` copies them).")
+    max_steps: int | None = setting(None, "At most N steps in this invocation (default: every pending batch).")
+    seed: int = setting(0, "Torch random seed of the invocation.")
+    device: str = setting("auto", "auto (cuda when available) | cpu | cuda:N.")
+    extra: dict[str, Any] = setting(help="Extra settings recorded with the checkpoint.", cli=False, factory=dict)
+
+    def torch_device(self) -> Any:
+        import torch
+
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def check(self) -> None:
+        from arlctl.rl.losses import LOSS_AGG_MODES  # torch: import late
+
+        if self.loss_agg not in LOSS_AGG_MODES:
+            raise UsageError(f"--loss-agg must be one of {', '.join(LOSS_AGG_MODES)}, not {self.loss_agg!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise UsageError(f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if self.micro_tokens < 1 or self.save_every < 1:
+            raise UsageError("--micro-tokens and --save-every must be >= 1")
+        if self.keep_checkpoints < 0:
+            raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Every float option is a finite number in its range: --lr inf would write inf weights."""
+        at_least_zero = {"--lr": self.lr, "--weight-decay": self.weight_decay, "--eps-low": self.eps_low,
+                         "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio}
+        above_zero = {"--grad-clip": self.grad_clip, "--temperature": self.temperature}
+        if self.tis_cap is not None:
+            above_zero["--tis-cap"] = self.tis_cap
+        for name, value in {**at_least_zero, **above_zero}.items():
+            if not math.isfinite(value) or value < 0 or (name in above_zero and value == 0):
+                bound = "> 0" if name in above_zero else ">= 0"
+                raise UsageError(f"{name} must be a finite number {bound}, not {value}")
+
+    def loss(self) -> Any:
+        from arlctl.rl.losses import LossConfig
+
+        return LossConfig(eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=self.tis_cap,
+                          kl_coef=self.kl_coef, loss_agg=self.loss_agg)
+
+
+@dataclass
+class FilterConfig:
+    keep_status: list[str] = setting(help="Statuses kept (repeatable).", factory=lambda: list(DEFAULT_KEEP_STATUS))
+    min_group_size: int = setting(2, "Fewest rows a group may keep.")
+    keep_uniform: float = setting(0.0, "Fraction of zero-variance groups kept (signal only with --adv batch).")
+    dedupe_threshold: float | None = setting(
+        None, "Tool-call n-gram Jaccard at which a row is a near-duplicate (default: only exact duplicate ids).")
+    dedupe_ngram: int = setting(3, "n of the tool-call n-grams.")
+    max_lag: int | None = setting(None, "Drop rows whose policy lags more than this.")
+    decay: float = setting(0.0, "weight = exp(-decay * lag).")
+    where: str | None = setting(None, "DuckDB SQL predicate rows must satisfy.")
+    max_pos_frac: float | None = setting(None, "Cap on positive-advantage weight share.")
+    adv: str = setting("group", "Advantages: group | group-mean | batch.")
+    batch_groups: int = setting(8, "Groups per batch shard (one optimizer step).")
+    min_groups: int = setting(1, "Wait (consume nothing) until this many groups.")
+    seed: int = setting(0, "Seed of the --keep-uniform choice.")
+    vocab_size: int | None = setting(None, "Token ids must be below this (the policy's vocabulary size; default: "
+                                           "only negative ids are invalid).")
+
+    def check(self) -> None:
+        from arlctl.rl.advantages import ADVANTAGE_MODES  # torch: import late
+
+        if self.adv not in ADVANTAGE_MODES:
+            raise UsageError(f"--adv must be one of {', '.join(ADVANTAGE_MODES)}, not {self.adv!r}")
+        if self.batch_groups < 1 or self.min_groups < 1 or self.min_group_size < 1:
+            raise UsageError("--batch-groups, --min-groups and --min-group-size must be >= 1")
+        if not 0.0 <= self.keep_uniform <= 1.0:
+            raise UsageError("--keep-uniform is a fraction in [0, 1]")
+        if self.max_pos_frac is not None and not 0.0 < self.max_pos_frac < 1.0:
+            raise UsageError("--max-pos-frac is a fraction in (0, 1)")
+        if self.dedupe_threshold is not None and not 0.0 < self.dedupe_threshold <= 1.0:
+            raise UsageError("--dedupe-threshold is a Jaccard similarity in (0, 1]")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise UsageError("--vocab-size must be >= 1")
+        if not (math.isfinite(self.decay) and self.decay >= 0):
+            raise UsageError("--decay must be a finite number >= 0")
+
+
+@dataclass
+class RewardConfig:
+    reward: str = setting("math", "Reward function: math, swe, a plugin name, module:attr, or auto (per row env).")
+    reward_opt: list[str] = setting(help="KEY=VALUE options of the reward (ENV.KEY=VALUE with --reward auto).",
+                                    factory=list)
+    concurrency: int = setting(4, "Rows graded at once (sandboxed graders).")
+    quarantine: bool = setting(False, "Move corrupt inputs to _quarantine/ and go on.")
+    max_error_frac: float = setting(0.5, "Exit 1 when more than this fraction of rows got no reward.")
+
+    def check(self) -> None:
+        if not 0.0 <= self.max_error_frac <= 1.0:
+            raise UsageError(f"--max-error-frac is a fraction in [0, 1], not {self.max_error_frac}")
+
+
+@dataclass
+class SyncConfig:
+    keep: int = setting(3, "Versions to keep.")
+    notify: list[str] = setting(help="Inference server URL to reload (repeatable).", factory=list)
+    notify_flavor: str = setting("vllm", "Server kind: vllm or sglang.")
+
+
+# The options of each stage command that are not stage settings (where the data is, how the command runs):
+# long name -> type (bool: a flag, "x/no-x" a flag with its negation; list: repeatable). With its config's
+# fields they are the command's whole vocabulary: `arlctl up` checks a recipe against both without loading
+# the CLI, and tests/cli/test_options.py fails if a command and these disagree.
+_RUNS = {"run": str, "watch": bool, "poll": float, "lock-wait": float, "json": bool, "dry-run": bool}
+COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
+    "rollout": {**_RUNS, "out": str, "env": str, "tasks": list, "env-mix": str, "chat-template-kwargs": list,
+                "max-error-frac": float, "policy": str, "backend": str, "server": list, "limit": int,
+                "top-up": bool, "max-top-up": int, "max-batch": int, "flush-groups": int, "flush-seconds": float,
+                "prefix": str, "env-opt": list, "backend-opt": list, "sandbox": str, "sandboxes": int,
+                "insecure-sandbox": bool, "max-epochs": int, "max-pending": int, "max-staleness": int,
+                "worker": str, "quiet": bool},
+    "reward": {**_RUNS, "in": str, "out": str, "worker": str},
+    "filter": {**_RUNS, "in": str, "out": str, "metrics": str, "policy-dir": str, "ckpt-dir": str,
+               "current-version": int, "quarantine": bool},
+    "train": {**_RUNS, "in": str, "out": str, "metrics": str, "policy": str, "resume/no-resume": bool},
+    "sync": {**_RUNS, "ckpt": str, "policy-dir": str},
+}
+
+
+@dataclass(frozen=True)
+class OptionKind:
+    """What a recipe may give one option: its value type, and the spelling that turns a flag off."""
+
+    type: Any  # bool (a flag), list (repeatable), or the value's type
+    negation: str | None = None  # "no-resume"
+    field: str | None = None  # the config field it sets, if any
+
+
+def stage_config(stage: str) -> type:
+    if stage == "rollout":
+        from arlctl.stages.agent_loop import RolloutConfig  # no torch; kept out of this module's imports
+
+        return RolloutConfig
+    return {"reward": RewardConfig, "filter": FilterConfig, "train": TrainConfig, "sync": SyncConfig}[stage]
+
+
+def stage_vocabulary(stage: str) -> dict[str, OptionKind]:
+    """{long option without dashes: OptionKind} of `arlctl STAGE`, from its config and COMMAND_OPTIONS."""
+    import typing
+
+    from arlctl.settings import options_of
+
+    out: dict[str, OptionKind] = {}
+    for name, (field_name, kind) in options_of(stage_config(stage)).items():
+        origin = typing.get_origin(kind)
+        base = list if origin is list else next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        out[name] = OptionKind(type=base, field=field_name)
+    for spelling, kind in COMMAND_OPTIONS[stage].items():
+        name, _, negation = spelling.partition("/")
+        out[name] = OptionKind(type=kind, negation=negation or None)
+        if negation:
+            out[negation] = out[name]
+    return out
