@@ -37,8 +37,9 @@ import pyarrow as pa
 from arlctl.envs.registry import Reward
 from arlctl.errors import CorruptShardError, TransientError, UsageError
 from arlctl.io.fs import basename, join
+from arlctl.io.ledger import consumed_inputs
 from arlctl.io.partition import partition
-from arlctl.io.shards import Lineage, config_hash, consumed_inputs, quarantine, read_shard, scan, write_shard
+from arlctl.io.shards import Lineage, config_hash, quarantine, read_shard, scan, write_shard
 from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA
 from arlctl.stages.configs import RewardConfig
 from arlctl.turn_rows import CONTINUED, first_turn_indices

@@ -6,10 +6,10 @@ or not at all). Readers never see dot- or underscore-prefixed names.
 
 Lineage travels inside each shard's Parquet key-value metadata: producer stage, arlctl version, host,
 pid, config hash and the input shards consumed. A stage learns what it already consumed by reading its
-own output directory (`consumed_inputs`): commit of the output is commit of consumption.
+own output directory (`arlctl.io.ledger.consumed_inputs`): commit of the output is commit of consumption.
 
 Lineage is data: nothing read from a shard is ever executed, and a reader trusts a lineage record only
-as far as it can check it (see `consumed_inputs`). Shard names are data too: a name holding a glob
+as far as it can check it (see `arlctl.io.ledger.consumed_inputs`). Shard names are data too: a name holding a glob
 character (`* ? [ ] { }`) is listed as a stray and never read, because DuckDB and fsspec would expand it
 into other files, hidden temp files included. Reading a shard checks its values (schemas/values.py)
 unless the caller drops bad rows itself (filter) or passes them through (reward).
@@ -253,20 +253,13 @@ def quarantine(url: str) -> str:
     return to_url(fs, target)
 
 
-def consumed_inputs(out_url: str, same_name: bool = False) -> set[str]:
-    """Input names the lineage of out_url's shards records as consumed (the rule lives in arlctl/io/ledger.py)."""
-    from arlctl.io.ledger import consumed_inputs as ledger_consumed  # ledger reads shards: import late
-
-    return ledger_consumed(out_url, same_name=same_name)
-
-
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().replace("\n", " ")
     return f"{type(err).__name__}: {text}"[:300]
 
 
 __all__ = [
-    "DirListing", "Lineage", "config_hash", "consumed_inputs", "is_shard_name", "join", "list_shards", "quarantine",
+    "DirListing", "Lineage", "config_hash", "is_shard_name", "join", "list_shards", "quarantine",
     "read_dirs", "read_lineage", "read_shard", "read_shards", "scan", "shard_name", "write_shard",
     "write_table_atomic",
 ]

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from arlctl.io.shards import Lineage, consumed_inputs, list_shards, read_shard, write_shard
+from arlctl.io.ledger import consumed_inputs
+from arlctl.io.shards import Lineage, list_shards, read_shard, write_shard
 from arlctl.models import tiny_model_dir
 from arlctl.synthetic import synthetic_table
 

@@ -7,7 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
-from arlctl.io.shards import Lineage, consumed_inputs, list_shards, read_shard, write_shard
+from arlctl.io.ledger import consumed_inputs
+from arlctl.io.shards import Lineage, list_shards, read_shard, write_shard
 from arlctl.synthetic import synthetic_table
 
 

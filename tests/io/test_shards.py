@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from arlctl.errors import CorruptShardError, NoShardsError
+from arlctl.io.ledger import consumed_inputs
 from arlctl.io.shards import (
     Lineage,
     config_hash,
-    consumed_inputs,
     list_shards,
     read_dirs,
     read_lineage,
