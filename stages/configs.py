@@ -44,6 +44,10 @@ class TrainConfig:
     keep_checkpoints: int = setting(0, "Keep only the newest N checkpoints (0: keep all; 2+ while `arlctl sync "
                                        "--watch` copies them).")
     max_steps: int | None = setting(None, "At most N steps in this invocation (default: every pending batch).")
+    max_lag: int | None = setting(None, "Leave out rows whose lag when trained (the trainer's step - the row's "
+                                        "policy_version) exceeds this; counted in the step metrics.")
+    lag_decay: float = setting(0.0, "With it, rows over --max-lag (every row without it) are kept at weight "
+                                    "*= exp(-lag_decay * lag) instead of being left out.")
     seed: int = setting(0, "Torch random seed of the invocation.")
     device: str = setting("auto", "auto (cuda when available) | cpu | cuda:N.")
     extra: dict[str, Any] = setting(help="Extra settings recorded with the checkpoint.", cli=False, factory=dict)
@@ -66,6 +70,8 @@ class TrainConfig:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
         if self.micro_tokens < 1 or self.save_every < 1:
             raise UsageError("--micro-tokens and --save-every must be >= 1")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise UsageError(f"--max-lag must be >= 0, not {self.max_lag}")
         if self.keep_checkpoints < 0:
             raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
         self._check_numbers()
@@ -73,7 +79,8 @@ class TrainConfig:
     def _check_numbers(self) -> None:
         """Every float option is a finite number in its range: --lr inf would write inf weights."""
         at_least_zero = {"--lr": self.lr, "--weight-decay": self.weight_decay, "--eps-low": self.eps_low,
-                         "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio}
+                         "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio,
+                         "--lag-decay": self.lag_decay}
         above_zero = {"--grad-clip": self.grad_clip, "--temperature": self.temperature}
         if self.tis_cap is not None:
             above_zero["--tis-cap"] = self.tis_cap

@@ -38,6 +38,11 @@ class TrainResult:
     skipped_nonfinite: int = 0
     rows_dropped_invalid: int = 0
     bad_value_events: list[dict[str, Any]] = field(default_factory=list)
+    rows_dropped_stale: int = 0  # --max-lag: rows left out for lagging the weights being trained
+    rows_decayed_stale: int = 0  # --lag-decay: rows kept at weight * exp(-decay * lag)
+    skipped_stale: int = 0  # batches consumed without an update because every row was stale
+    mean_lag: float | None = None
+    max_lag: int | None = None
     save_s: float | None = None  # these four only when a step ran
     loss_mean: float | None = None
     reward_mean: float | None = None

@@ -27,6 +27,13 @@ rules:
   steps     a step whose loss or gradient norm is still non-finite (or that has no row left) is skipped:
             no optimizer update, the batch still counts as consumed so the run never sticks on it
             (`skipped_nonfinite`)
+Rows too stale to train on (DESIGN.md §10) are a third counted rule, applied when the step is taken: a
+row's lag is the trainer's policy version (the step its weights are at, which `sync` publishes as vN) minus
+the row's policy_version (arlctl/rl/batching.py `row_lags`). `--max-lag L` leaves out rows with lag > L
+(`rows_dropped_stale`); with `--lag-decay D` those rows (every row without --max-lag) are kept at
+weight *= exp(-D * lag) instead (`rows_decayed_stale`). A batch whose every row is stale is consumed
+without an optimizer step and with a warning (`skipped_stale`). `filter --max-lag` still drops stale rows
+earlier; this rule catches the rows that aged while they waited in batches/.
 Each event is a warning in the step's metrics (`errors`, `last_error`: what `arlctl status` shows) and in
 the checkpoint's state.json under `bad_values`, and is counted in the summary.
 
@@ -59,6 +66,7 @@ from arlctl.rl.batching import (
     collate,
     nonfinite_rows,
     plan_micro_batches,
+    row_lags,
     score_tokens,
     trajectory_shares,
 )
@@ -158,12 +166,41 @@ def rows_to_drop(batch: pa.Table, vocab_size: int | None) -> dict[int, str]:
     return dropped
 
 
-def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any, batch: pa.Table,
-               cfg: TrainConfig) -> dict[str, Any]:
-    """One optimizer step over one batch shard, or a recorded skip when its gradient is not finite.
+def apply_staleness(batch: pa.Table, version: int | None, cfg: TrainConfig) -> tuple[pa.Table, dict[str, Any]]:
+    """The batch with --max-lag / --lag-decay applied at trainer `version`, and the staleness metrics.
 
+    Without a version (a caller that does not say which step the weights are at) no lag is known: the
+    batch is returned as it is, with zero lags.
+    """
+    lags = row_lags(batch, version) if version is not None and batch.num_rows else [0] * batch.num_rows
+    stats: dict[str, Any] = {"policy_version": -1 if version is None else version,
+                             "mean_lag": sum(lags) / len(lags) if lags else 0.0, "max_lag": max(lags, default=0),
+                             "rows_dropped_stale": 0, "rows_decayed_stale": 0}
+    if version is None or (cfg.max_lag is None and not cfg.lag_decay):
+        return batch, stats
+    over = [lag > (cfg.max_lag or 0) for lag in lags]
+    if not cfg.lag_decay:
+        stats["rows_dropped_stale"] = sum(over)
+        return batch.filter(pa.array([not o for o in over], pa.bool_())), stats
+    # Down-weight instead of dropping; a null weight means 1 (collate), so it becomes the factor itself.
+    weights = batch.column("weight").to_pylist()
+    decayed = [(1.0 if w is None else w) * math.exp(-cfg.lag_decay * lag) if o else w
+               for w, lag, o in zip(weights, lags, over, strict=True)]
+    stats["rows_decayed_stale"] = sum(over)
+    i = batch.schema.get_field_index("weight")
+    field_ = batch.schema.field(i)
+    return batch.set_column(i, field_, pa.array(decayed, field_.type)), stats
+
+
+def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any, batch: pa.Table,
+               cfg: TrainConfig, version: int | None = None) -> dict[str, Any]:
+    """One optimizer step over one batch shard, or a recorded skip when its gradient is not finite or every
+    row is stale.
+
+    version: the trainer's policy version (the step the weights are at), against which rows' lag is taken.
     Besides the numbers, the metrics hold `rows_dropped_invalid` (rows left out), `skipped_nonfinite`
-    (1 when the optimizer did not step) and `warning` (what happened, "" when nothing did).
+    (1 when the optimizer did not step), the staleness counts of `apply_staleness`, `skipped_stale` (1 when
+    every row was stale) and `warning` (what happened, "" when nothing did).
     """
     started = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
@@ -176,13 +213,19 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
         warnings.append(f"dropped {len(dropped)} of {batch.num_rows} rows with a bad value "
                         f"(row {first}: {dropped[first]})")
         batch = batch.filter(pa.array([i not in dropped for i in range(batch.num_rows)], pa.bool_()))
+    rows_before = batch.num_rows
+    batch, stale = apply_staleness(batch, version, cfg)
+    all_stale = rows_before > 0 and batch.num_rows == 0
+    if all_stale:  # consumed, never retried: these rows only get older
+        warnings.append(f"every row is stale: {rows_before} rows over --max-lag {cfg.max_lag} (max lag "
+                        f"{stale['max_lag']} at policy version {version}); batch consumed, weights unchanged")
 
     # 2. Gradient of the whole batch's loss, accumulated over micro-batches; then clip its norm.
     skip = None
     if batch.num_rows == 0:
         acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": 0}
         grad_norm = torch.tensor(0.0)
-        skip = "no row left to train on"
+        skip = None if all_stale else "no row left to train on"
     else:
         acc = forward_backward(model, ref_model, batch, cfg)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -193,9 +236,9 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
 
     # 3. Step the optimizer, unless the gradient is unusable: then the weights and the optimizer's moments
     #    stay as they are. The schedule advances either way, so the LR stays a function of the step number.
-    if skip is None:
+    if skip is None and not all_stale:
         optimizer.step()
-    else:
+    elif skip is not None:
         warnings.append(f"optimizer step skipped: {skip}; weights unchanged")
     with catch_warnings():
         # torch warns when the schedule steps before any optimizer step: here that is a skipped step.
@@ -216,6 +259,7 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
         "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
         "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
         "rows_dropped_invalid": len(dropped), "skipped_nonfinite": int(skip is not None),
+        **stale, "skipped_stale": int(all_stale),
         "warning": "; ".join(warnings),
     })
     return metrics
@@ -255,7 +299,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         todo = todo[: cfg.max_steps]
     summary = {"steps": 0, "step": step, "batches": [basename(u) for u in todo],
                "checkpoint": str(latest[1]) if latest else None, "resumed_from": step if latest else None,
-               "skipped_nonfinite": 0, "rows_dropped_invalid": 0, "bad_value_events": []}
+               "skipped_nonfinite": 0, "rows_dropped_invalid": 0, "bad_value_events": [], **STALE_SUMMARY}
     if not todo:
         return summary
 
@@ -292,7 +336,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         batch = read_shard(url, bad_values="keep")  # bad rows are dropped, counted, by train_step
         if batch.column("advantage").null_count:
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
-        metrics = train_step(model, ref_model, optimizer, scheduler, batch, cfg)
+        metrics = train_step(model, ref_model, optimizer, scheduler, batch, cfg, version=step)
         step += 1
         consumed.append(basename(url))
         metrics.update(step=step, **ledger.record(step, basename(url), metrics))
@@ -320,7 +364,19 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         "tokens_per_s": _mean(h["tokens_per_s"] for h in history),
         "skipped_nonfinite": sum(h["skipped_nonfinite"] for h in history),
         "rows_dropped_invalid": sum(h["rows_dropped_invalid"] for h in history), "bad_value_events": events,
+        **_stale_summary(history),
     }
+
+
+STALE_SUMMARY = {"rows_dropped_stale": 0, "rows_decayed_stale": 0, "skipped_stale": 0, "mean_lag": None, "max_lag": None}
+
+
+def _stale_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """This invocation's staleness: rows left out or down-weighted, batches skipped, and the lags seen."""
+    return {"rows_dropped_stale": sum(h["rows_dropped_stale"] for h in history),
+            "rows_decayed_stale": sum(h["rows_decayed_stale"] for h in history),
+            "skipped_stale": sum(h["skipped_stale"] for h in history),
+            "mean_lag": _mean(h["mean_lag"] for h in history), "max_lag": max(h["max_lag"] for h in history)}
 
 
 @dataclass
@@ -390,7 +446,8 @@ def _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg,
     return time.perf_counter() - started
 
 
-COUNT_METRICS = ("errors", "rows_dropped_invalid", "skipped_nonfinite")  # integers in the metrics rows
+COUNT_METRICS = ("errors", "rows_dropped_invalid", "skipped_nonfinite", "rows_dropped_stale", "rows_decayed_stale",
+                 "skipped_stale", "max_lag", "policy_version")  # integers in the metrics rows
 
 
 def _write_metrics(metrics_url: str, step: int, batch_name: str, metrics: dict[str, Any]) -> None:

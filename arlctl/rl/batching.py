@@ -12,6 +12,10 @@ template's rendering of the conversation before that turn) trained with its traj
 `trajectory_shares` says how many trajectories a batch holds and what share of its trajectory's trained
 tokens each row has, so that the sequence-mean loss modes count a trajectory once, not once per turn.
 
+`row_lags` is each row's staleness at the moment of training (DESIGN.md §10): the trainer's version minus
+the row's `policy_version` (its first turn's), taken over the oldest row of its trajectory so that a per-turn
+trajectory's rows share one lag, as in `filter`'s staleness rule.
+
 `nonfinite_rows` names the rows a trainer must not use: a NaN or infinite number where the loss reads it
 (a mask-1 behaviour log-prob, the advantage, the weight). Off-mask values are never read (losses.py).
 """
@@ -91,6 +95,20 @@ def trajectory_shares(table: pa.Table) -> tuple[list[float], int]:
               for tid, n in zip(ids, tokens, strict=True)]
     whole = sum(1 for tid in ids if tid not in turn_ids)
     return shares, whole + len(turn_ids)
+
+
+def row_lags(table: pa.Table, version: int) -> list[int]:
+    """Lag of each row when trained at policy `version`: version - the oldest policy_version among its
+    trajectory's rows in the batch, never below 0 (a row cannot be newer than the weights it trains).
+
+    A null policy_version counts as version 0, the oldest there is: an unknown age is never taken as fresh.
+    """
+    ids = table.column("trajectory_id").to_pylist()
+    versions = [v or 0 for v in table.column("policy_version").to_pylist()]
+    oldest: dict[str, int] = {}
+    for tid, v in zip(ids, versions, strict=True):
+        oldest[tid] = min(oldest.get(tid, v), v)
+    return [max(version - oldest[tid], 0) for tid in ids]
 
 
 def nonfinite_rows(cols: dict[str, list]) -> dict[int, str]:
