@@ -92,16 +92,25 @@ def _read_footer(url: str) -> Footer:
 
 # ------------------------------------------------------------------------------------ trainer and policy
 def trainer_progress(ckpt_url: str) -> dict[str, Any]:
-    """The newest complete checkpoint (arlctl/io/ledger.py): step, consumed batches, count, when it was saved."""
+    """The newest complete checkpoint (arlctl/io/ledger.py): step, consumed batches, count, when it was saved,
+    and `resume_step`: the newest *full* one (with optimizer state), where a restarted trainer continues from;
+    checkpoints after it are weights-only (`train --publish-every`): published, not resumable."""
     found = ledger.list_checkpoints(ckpt_url)
+    newest: dict[str, Any] | None = None
     for step, location in reversed(found):
         try:
             state = ledger.read_state(location)
         except (TerminalError, ValueError):
             continue  # pruned or rewritten since the listing: the next older one is the newest
-        return {"step": int(state.get("step", step)), "consumed_batches": list(state.get("consumed_batches", [])),
-                "checkpoints": ledger.checkpoint_dirs(ckpt_url), "saved_at": ledger.state_saved_at(location)}
-    return {"step": None, "consumed_batches": [], "checkpoints": ledger.checkpoint_dirs(ckpt_url), "saved_at": None}
+        if newest is None:
+            newest = {"step": int(state.get("step", step)), "consumed_batches": list(state.get("consumed_batches", [])),
+                      "checkpoints": ledger.checkpoint_dirs(ckpt_url), "saved_at": ledger.state_saved_at(location),
+                      "resume_step": None}
+        if state.get("full", True):
+            newest["resume_step"] = int(state.get("step", step))
+            return newest
+    return newest or {"step": None, "consumed_batches": [], "checkpoints": ledger.checkpoint_dirs(ckpt_url),
+                      "saved_at": None, "resume_step": None}
 
 
 def published_policy(policy_url: str) -> dict[str, Any]:
@@ -194,7 +203,7 @@ def run_state(run: str, cache: ShardCache | None = None, recent: int = 10, in_fl
         "reward": {**waiting(dirs["rollouts"]), **shard_dir(dirs["rewarded"].shards)},
         "filter": {**waiting(dirs["rewarded"]), **shard_dir(dirs["batches"].shards)},
         "train": {**waiting(dirs["batches"]), "output_checkpoints": trainer["checkpoints"], "step": trainer["step"],
-                  "last_output_at": trainer["saved_at"]},
+                  "resume_step": trainer["resume_step"], "last_output_at": trainer["saved_at"]},
         "sync": {"waiting_shards": int(checkpoints_ahead), "output_versions": policy["versions"],
                  "version": policy["version"], "last_output_at": policy["published_at"]},
     }

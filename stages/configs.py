@@ -18,6 +18,9 @@ from arlctl.settings import setting
 
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("fp32", "bf16")
+STRATEGIES = ("auto", "fsdp2", "ddp", "single")
+PUBLISH_DTYPES = ("fp32", "bf16")
+PUBLISH_FORMATS = ("merged", "adapter")
 DEFAULT_KEEP_STATUS = ("ok",)
 NOTIFY_FLAVORS = ("vllm", "sglang")
 
@@ -38,7 +41,22 @@ class TrainConfig:
     kl_coef: float = setting(0.0, "k3 KL to the initial policy.")
     loss_agg: str = setting("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean.")
     micro_tokens: int = setting(8192, "Padded tokens per micro-batch.")
-    precision: str = setting("fp32", "fp32 | bf16 (autocast).")
+    precision: str = setting("fp32", "fp32 | bf16: bf16 weights and compute with fp32 master weights and optimizer "
+                                     "state (FSDP2: MixedPrecisionPolicy, fp32 gradient reduction).")
+    strategy: str = setting("auto", "auto | fsdp2 | ddp | single. auto: fsdp2 under torchrun with more than one "
+                                    "rank, else single.")
+    offload: bool = setting(False, "FSDP2: keep parameters, gradients and optimizer state in CPU memory.")
+    grad_checkpoint: bool = setting(False, "Activation checkpointing: recompute each decoder layer in backward.")
+    publish_every: int = setting(0, "Every N steps write weights only (an HF directory `sync` publishes, no "
+                                    "optimizer state); full checkpoints only every --save-every steps and at the "
+                                    "end. 0: every checkpoint is full.")
+    publish_dtype: str = setting("fp32", "fp32 | bf16: dtype of the published (HF) weights.")
+    publish_format: str = setting("merged", "With LoRA: merged (base + adapters, one HF directory) | adapter "
+                                            "(the adapter directory beside the base, for vLLM's LoRA loading).")
+    lora_rank: int = setting(0, "LoRA rank (peft); 0: train every weight. Only the adapters are trained and "
+                                "checkpointed; the --kl-coef reference is the model with adapters disabled.")
+    lora_alpha: float = setting(16.0, "LoRA alpha (scale alpha / rank).")
+    lora_targets: str = setting("q_proj,k_proj,v_proj,o_proj", "Comma-separated module names LoRA adapts.")
     temperature: float = setting(1.0, "Sampling temperature of the rollouts.")
     save_every: int = setting(1, "Checkpoint every N steps (and at the end).")
     keep_checkpoints: int = setting(0, "Keep only the newest N checkpoints (0: keep all; 2+ while `arlctl sync "
@@ -68,6 +86,18 @@ class TrainConfig:
             raise UsageError(f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        for flag, value, allowed in (("--strategy", self.strategy, STRATEGIES),
+                                     ("--publish-dtype", self.publish_dtype, PUBLISH_DTYPES),
+                                     ("--publish-format", self.publish_format, PUBLISH_FORMATS)):
+            if value not in allowed:
+                raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+        if self.publish_every < 0 or self.lora_rank < 0:
+            raise UsageError("--publish-every and --lora-rank must be >= 0")
+        if self.lora_rank and not self.lora_target_list():
+            raise UsageError("--lora-targets names no module", hint="e.g. --lora-targets q_proj,v_proj")
+        if self.publish_format == "adapter" and not self.lora_rank:
+            raise UsageError("--publish-format adapter needs --lora-rank", hint="without LoRA the weights are "
+                             "published whole")
         if self.micro_tokens < 1 or self.save_every < 1:
             raise UsageError("--micro-tokens and --save-every must be >= 1")
         if self.max_lag is not None and self.max_lag < 0:
@@ -81,6 +111,8 @@ class TrainConfig:
         at_least_zero = {"--lr": self.lr, "--weight-decay": self.weight_decay, "--eps-low": self.eps_low,
                          "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio,
                          "--lag-decay": self.lag_decay}
+        if self.lora_rank:
+            at_least_zero["--lora-alpha"] = self.lora_alpha
         above_zero = {"--grad-clip": self.grad_clip, "--temperature": self.temperature}
         if self.tis_cap is not None:
             above_zero["--tis-cap"] = self.tis_cap
@@ -88,6 +120,9 @@ class TrainConfig:
             if not math.isfinite(value) or value < 0 or (name in above_zero and value == 0):
                 bound = "> 0" if name in above_zero else ">= 0"
                 raise UsageError(f"{name} must be a finite number {bound}, not {value}")
+
+    def lora_target_list(self) -> list[str]:
+        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
     def loss(self) -> Any:
         from arlctl.rl.losses import LossConfig
@@ -170,7 +205,7 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "reward": {**_RUNS, "in": str, "out": str, "worker": str},
     "filter": {**_RUNS, "in": str, "out": str, "metrics": str, "policy-dir": str, "ckpt-dir": str,
                "current-version": int, "quarantine": bool},
-    "train": {**_RUNS, "in": str, "out": str, "metrics": str, "policy": str, "resume/no-resume": bool},
+    "train": {**_RUNS, "in": str, "out": str, "metrics": str, "policy": str, "resume/no-resume": bool, "nproc": int},
     "sync": {**_RUNS, "ckpt": str, "policy-dir": str},
 }
 

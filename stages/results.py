@@ -47,6 +47,7 @@ class TrainResult:
     loss_mean: float | None = None
     reward_mean: float | None = None
     tokens_per_s: float | None = None
+    world_size: int = 1  # ranks that trained (torchrun)
 
     TRAINED = ("save_s", "loss_mean", "reward_mean", "tokens_per_s")
 

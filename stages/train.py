@@ -61,6 +61,7 @@ from arlctl.io import ledger as run_ledger
 from arlctl.io.fs import basename, join
 from arlctl.io.shards import read_shard, scan, write_table_atomic
 from arlctl.rl import checkpoint as ckpt
+from arlctl.rl import distributed as dd
 from arlctl.rl.batching import (
     batch_columns,
     collate,
@@ -71,58 +72,47 @@ from arlctl.rl.batching import (
     trajectory_shares,
 )
 from arlctl.rl.losses import finalize_metrics, policy_loss
+from arlctl.rl.trainer_state import (  # noqa: F401 (API: load_model, load_tokenizer, lr_lambda live with the state)
+    LORA_REFERENCE,
+    TrainerState,
+    full_checkpoint_state,
+    load_model,
+    load_tokenizer,
+    lr_lambda,
+)
 from arlctl.schemas.values import find_bad_values
 from arlctl.stages.configs import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401 (API: the settings live in stages/configs.py, torch-free)
 from arlctl.stages.results import TrainIO, TrainResult
 
-
-def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    """LR multiplier per step: linear warmup, then constant or cosine down to min_lr_ratio."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.cosine_steps))
-        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def load_model(path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    model.config.use_cache = False
-    return model
-
-
-def load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError):
-        return None  # a weights-only directory: checkpoints are then weights-only too
-
-
 # ----------------------------------------------------------------------------------------------- one step
 
 
-def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: TrainConfig) -> dict[str, Any]:
-    """Accumulate the gradient of the batch loss into .grad over token-budget micro-batches."""
+def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: TrainConfig,
+                     d: dd.Dist | None = None) -> dict[str, Any]:
+    """Accumulate the gradient of the batch loss into .grad over token-budget micro-batches.
+
+    model: an HF causal LM, or the trainer's module (a ScoringModel, possibly under DDP / FSDP2).
+    ref_model: None, a frozen model of either kind, or LORA_REFERENCE (the model with adapters disabled).
+    d: on more than one rank, this rank trains its token-balanced share of the rows; the loss carries the
+    whole batch's denominators and the returned sums are the whole batch's (reduced over ranks).
+    """
+    d = d or dd.Dist()
     loss_cfg = cfg.loss()
     device = next(model.parameters()).device
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.precision == "bf16" else nullcontext()
+    autocast = nullcontext()
+    if cfg.precision == "bf16" and next(model.parameters()).dtype == torch.float32 and not _is_fsdp(model):
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)  # fp32 weights (ddp, or a bare model)
 
-    # 1. Plan micro-batches: whole rows, longest first, rows x longest <= micro_tokens.
+    # 1. Plan micro-batches of this rank's rows: whole rows, longest first, rows x longest <= micro_tokens.
     lengths = [p + r for p, r in zip(batch.column("prompt_tokens").to_pylist(),
                                      batch.column("response_tokens").to_pylist(), strict=True)]
-    plan = plan_micro_batches(lengths, cfg.micro_tokens)
+    mine = dd.split_rows(lengths, d.world)[d.rank] if d.active else list(range(len(lengths)))
+    plan = [[mine[j] for j in group] for group in plan_micro_batches([lengths[i] for i in mine], cfg.micro_tokens)]
+    # Every rank runs as many micro-batches as the busiest one: each is a collective under FSDP2.
+    steps = int(d.max([float(len(plan))])[0])
 
-    # 2. Denominators of the whole batch, so that the micro-batch losses sum to the batch loss. A per-turn
-    #    trajectory's rows are one sequence of the seq-mean modes (see the module docstring).
+    # 2. Denominators of the whole batch, so that the micro-batch losses of all ranks sum to the batch loss.
+    #    A per-turn trajectory's rows are one sequence of the seq-mean modes (see the module docstring).
     num_tokens = float(sum(sum(m) for m in batch.column("response_mask").to_pylist()))
     shares, num_trajectories = trajectory_shares(batch)
     num_seqs = float(num_trajectories)
@@ -130,25 +120,70 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     if cfg.loss_agg == "seq-mean-token-mean":
         columns["weight"] = [(1.0 if w is None else w) * share for w, share in zip(columns["weight"], shares, strict=True)]
 
-    # 3. Forward and backward each micro-batch; gradients accumulate in .grad.
+    # 3. Forward and backward each micro-batch; gradients accumulate in .grad and are reduced across ranks
+    #    (summed) in the backward of the last one.
     model.train()
+    scale = dd.loss_scale(model, d)
     out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": len(plan)}
-    for rows in plan:
-        mb = collate(columns, rows).to(device)
-        with autocast:
-            logp, entropy = score_tokens(model, mb, with_entropy=True, temperature=cfg.temperature)  # [B, L-1]
-            ref_logp = None
-            if ref_model is not None:
-                with torch.no_grad():
-                    ref_logp, _ = score_tokens(ref_model, mb, temperature=cfg.temperature)  # [B, L-1]
-        loss, sums = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.loss_mask, loss_cfg,
-                                 weights=mb.weights, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
-        loss.backward()
-        out["loss"] += float(loss.detach())
-        out["entropy_sum"] += float((entropy * mb.loss_mask).sum())
-        out["sums"].append(sums)
-        out["seq_tokens"] += mb.real_tokens
-    return out
+    for k in range(steps):
+        rows = plan[k] if k < len(plan) else None
+        mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
+        with dd.grad_sync_scope(model, last=k == steps - 1), autocast:
+            ref_logp = _reference_logp(model, ref_model, mb, cfg)
+            logp, entropy = _score(model, mb, with_entropy=True, temperature=cfg.temperature)  # [B, L-1]
+            loss, sums = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.loss_mask, loss_cfg,
+                                     weights=mb.weights, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
+            (loss * scale if scale != 1.0 else loss).backward()
+        if rows:
+            out["loss"] += float(loss.detach())
+            out["entropy_sum"] += float((entropy * mb.loss_mask).sum())
+            out["sums"].append(sums)
+            out["seq_tokens"] += mb.real_tokens
+    return _reduce_over_ranks(out, d) if d.active else out
+
+
+def _score(model: Any, mb: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(dd.unwrap(model), dd.ScoringModel):
+        return model(mb, **kwargs)
+    return score_tokens(model, mb, **kwargs)
+
+
+def _reference_logp(model: Any, ref_model: Any, mb: Any, cfg: TrainConfig) -> torch.Tensor | None:
+    """The KL reference's log-probs of the trained tokens, without a gradient."""
+    if ref_model is None:
+        return None
+    with torch.no_grad():
+        if ref_model is LORA_REFERENCE:
+            from arlctl.rl.lora import reference_scope
+
+            inner = dd.unwrap(model)
+            lm = inner.lm if isinstance(inner, dd.ScoringModel) else inner
+            with reference_scope(lm):
+                return _score(inner, mb, temperature=cfg.temperature)[0]
+        return _score(ref_model, mb, temperature=cfg.temperature)[0]  # [B, L-1]
+
+
+def _is_fsdp(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+SUM_KEYS = ("tokens", "clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean")
+
+
+def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
+    """The whole batch's loss and metric sums from every rank's share (what one process would have)."""
+    sums = {k: sum(float(s[k]) for s in out["sums"]) for k in SUM_KEYS}
+    totals = d.sum([out["loss"], out["entropy_sum"], float(out["seq_tokens"]), float(out["micro_batches"]),
+                    *sums.values()])
+    high = d.max([max((float(s["ratio_max"]) for s in out["sums"]), default=-math.inf)])[0]
+    low = d.min([min((float(s["ratio_min"]) for s in out["sums"]), default=math.inf)])[0]
+    merged = {k: torch.tensor(v) for k, v in zip(SUM_KEYS, totals[4:], strict=True)}
+    merged.update(ratio_max=torch.tensor(high if math.isfinite(high) else 1.0),
+                  ratio_min=torch.tensor(low if math.isfinite(low) else 1.0))
+    return {"loss": totals[0], "entropy_sum": totals[1], "seq_tokens": int(totals[2]), "micro_batches": int(totals[3]),
+            "sums": [merged] if totals[4] else []}
 
 
 def rows_to_drop(batch: pa.Table, vocab_size: int | None) -> dict[int, str]:
@@ -193,20 +228,24 @@ def apply_staleness(batch: pa.Table, version: int | None, cfg: TrainConfig) -> t
 
 
 def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any, batch: pa.Table,
-               cfg: TrainConfig, version: int | None = None) -> dict[str, Any]:
+               cfg: TrainConfig, version: int | None = None, trainer: TrainerState | None = None) -> dict[str, Any]:
     """One optimizer step over one batch shard, or a recorded skip when its gradient is not finite or every
     row is stale.
 
     version: the trainer's policy version (the step the weights are at), against which rows' lag is taken.
+    trainer: the trainer state (ranks, fp32 master weights); without it, `model` is one plain process's.
     Besides the numbers, the metrics hold `rows_dropped_invalid` (rows left out), `skipped_nonfinite`
     (1 when the optimizer did not step), the staleness counts of `apply_staleness`, `skipped_stale` (1 when
     every row was stale) and `warning` (what happened, "" when nothing did).
     """
     started = time.perf_counter()
     lr = optimizer.param_groups[0]["lr"]
+    d = trainer.d if trainer is not None else dd.Dist()
+    lm = trainer.lm if trainer is not None else model
 
-    # 1. Leave out rows no step may read; the rule is counted, never silent.
-    dropped = rows_to_drop(batch, model.get_input_embeddings().num_embeddings)
+    # 1. Leave out rows no step may read; the rule is counted, never silent. Every rank reads the whole
+    #    batch and drops the same rows.
+    dropped = rows_to_drop(batch, lm.get_input_embeddings().num_embeddings)
     warnings = []
     if dropped:
         first = min(dropped)
@@ -220,15 +259,18 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
         warnings.append(f"every row is stale: {rows_before} rows over --max-lag {cfg.max_lag} (max lag "
                         f"{stale['max_lag']} at policy version {version}); batch consumed, weights unchanged")
 
-    # 2. Gradient of the whole batch's loss, accumulated over micro-batches; then clip its norm.
+    # 2. Gradient of the whole batch's loss, accumulated over micro-batches (and ranks); then clip its norm.
     skip = None
     if batch.num_rows == 0:
         acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": 0}
         grad_norm = torch.tensor(0.0)
         skip = None if all_stale else "no row left to train on"
     else:
-        acc = forward_backward(model, ref_model, batch, cfg)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        acc = forward_backward(model, ref_model, batch, cfg, d)
+        if trainer is not None:
+            trainer.after_backward()
+        params = [p for p in (trainer.master if trainer is not None else model).parameters() if p.requires_grad]
+        grad_norm = dd.total_norm(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
         if not math.isfinite(acc["loss"]):
             skip = f"non-finite loss {acc['loss']}"
         elif not bool(torch.isfinite(grad_norm)):
@@ -238,13 +280,18 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     #    stay as they are. The schedule advances either way, so the LR stays a function of the step number.
     if skip is None and not all_stale:
         optimizer.step()
+        if trainer is not None:
+            trainer.after_step()
     elif skip is not None:
         warnings.append(f"optimizer step skipped: {skip}; weights unchanged")
     with catch_warnings():
         # torch warns when the schedule steps before any optimizer step: here that is a skipped step.
         filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
         scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    if trainer is not None:
+        trainer.zero_grad()
+    else:
+        optimizer.zero_grad(set_to_none=True)
 
     # 4. Metrics of this step.
     elapsed = time.perf_counter() - started
@@ -273,89 +320,87 @@ def pending_batches(in_url: str, consumed: set[str]) -> list[str]:
     return [url for url in scan(in_url).shards if basename(url) not in consumed]
 
 
+# The trainer of each checkpoint directory this process trains, kept between `train --watch` cycles so that
+# only the first cycle loads the model and optimizer (DESIGN.md §9).
+_TRAINERS: dict[str, TrainerState] = {}
+
+
 def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metrics_url: str | None = None,
           resume: bool = True, on_step: Callable[[int, dict[str, float]], None] | None = None,
-          stop: threading.Event | None = None) -> dict[str, Any]:
+          stop: threading.Event | None = None, keep: bool = False) -> dict[str, Any]:
     """Train on every pending batch shard (or --max-steps of them). Returns a summary dict.
 
-    stop: checked before each step; once set (SIGTERM), the step in progress finishes and is checkpointed."""
+    stop: checked before each step (all ranks agree); once set (SIGTERM), the step in progress finishes and
+    the trainer is checkpointed.
+    keep: keep the trainer in memory for the next call (`train --watch`); its last state is then saved by
+    the next call or by `finish`, and a checkpoint at the end of this call may be weights-only.
+    Under torchrun every rank calls this; rank 0 decides what to train and is the only one that writes
+    metrics and commits checkpoints.
+    """
     cfg.check()
+    d = dd.init_dist(cfg.device)
     torch.manual_seed(cfg.seed)
 
-    # 1. Where do we start? The newest complete checkpoint, else the initial policy.
-    latest = run_ledger.latest_checkpoint(ckpt_dir)
-    if latest is not None and not resume:
-        raise UsageError(f"{ckpt_dir} already holds checkpoints and --no-resume was given",
-                         hint="resume (the default), or train into an empty --out")
-    if latest is None and policy is None:
-        raise UsageError("no checkpoint to resume from and no --policy given")
-    state: dict[str, Any] = run_ledger.read_state(latest[1]) if latest else {"step": 0, "consumed_batches": []}
-
-    # 2. Batches not yet consumed, in name order. Nothing to do is cheap: no model is loaded.
-    step, consumed = int(state["step"]), list(state["consumed_batches"])
+    # 1. Where do we start? Rank 0 reads the ledger; every rank gets its answer. The trainer kept in memory
+    #    from the last cycle is used while it is at the newest checkpoint; else the newest *full* checkpoint
+    #    (weights-only ones hold no optimizer state), else the initial policy.
+    cached = _TRAINERS.get(str(ckpt_dir))
+    where = d.broadcast(_where(in_url, ckpt_dir, cfg, policy, resume, cached) if d.is_main else None)
+    if isinstance(where, Exception):
+        raise where
+    state, latest_full, todo = where["state"], where["full"], where["todo"]
+    if not where["cached"]:
+        _TRAINERS.pop(str(ckpt_dir), None)
+        cached = None
+    step = int(state["step"])
     ledger = BadValueLedger.from_state(state)
-    todo = pending_batches(in_url, set(consumed))
-    if cfg.max_steps is not None:
-        todo = todo[: cfg.max_steps]
     summary = {"steps": 0, "step": step, "batches": [basename(u) for u in todo],
-               "checkpoint": str(latest[1]) if latest else None, "resumed_from": step if latest else None,
-               "skipped_nonfinite": 0, "rows_dropped_invalid": 0, "bad_value_events": [], **STALE_SUMMARY}
+               "checkpoint": where["latest"], "resumed_from": step if where["latest"] else None,
+               "skipped_nonfinite": 0, "rows_dropped_invalid": 0, "bad_value_events": [], **STALE_SUMMARY,
+               "world_size": d.world}
     if not todo:
         return summary
 
-    # 3. Model, tokenizer, optimizer and schedule; restore their states when resuming. A checkpoint on an
-    #    object store is downloaded to a scratch directory for as long as this takes.
+    # 2. Model, optimizer and schedule (and the frozen reference for the KL term: the initial policy).
     initial_policy = _initial_policy(state, policy)
-    device = cfg.torch_device()
-    with ckpt.local_copy(latest[1] if latest else None) as resume_from:
-        start_path = resume_from or initial_policy
-        model = load_model(start_path).to(device)
-        _refuse_nonfinite_start(model, latest[1] if latest else initial_policy)
-        tokenizer = load_tokenizer(start_path) or load_tokenizer(initial_policy)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.adam_betas,
-                                      weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-        if resume_from is not None:
-            optimizer.load_state_dict(torch.load(resume_from / "optimizer.pt", map_location=device, weights_only=False))
-            scheduler.load_state_dict(torch.load(resume_from / "scheduler.pt", weights_only=False))
-            ckpt.set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+    trainer = cached or TrainerState.open(ckpt_dir, latest_full, state, initial_policy, cfg, d)
+    if keep:
+        _TRAINERS[str(ckpt_dir)] = trainer
+    trainer.ledger = ledger
 
-    # 4. The frozen reference for the KL term is always the initial policy, also after a resume.
-    ref_model = None
-    if cfg.kl_coef:
-        ref_model = load_model(initial_policy).to(device).eval().requires_grad_(False)
-
-    # 5. The loop: one batch shard, one optimizer step.
+    # 3. The loop: one batch shard, one optimizer step.
     history: list[dict[str, float]] = []
     saved_at, save_s = step, 0.0
     last_url = todo[0]
     for url in todo:
-        if stop is not None and stop.is_set():  # a step boundary: what is trained so far is saved below
+        if d.any(stop is not None and stop.is_set()):  # a step boundary on every rank at once
             break
         last_url = url
         batch = read_shard(url, bad_values="keep")  # bad rows are dropped, counted, by train_step
         if batch.column("advantage").null_count:
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
-        metrics = train_step(model, ref_model, optimizer, scheduler, batch, cfg, version=step)
+        metrics = train_step(trainer.module, trainer.ref, trainer.optimizer, trainer.scheduler, batch, cfg,
+                             version=step, trainer=trainer)
         step += 1
-        consumed.append(basename(url))
+        trainer.step = step
+        trainer.consumed.append(basename(url))
         metrics.update(step=step, **ledger.record(step, basename(url), metrics))
         history.append(metrics)
-        if metrics_url:
+        if d.is_main and metrics_url:
             _write_metrics(metrics_url, step, basename(url), metrics)
-        if on_step:
+        if d.is_main and on_step:
             on_step(step, metrics)
-        if step % cfg.save_every == 0:
-            save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
-                            url, policy, ledger)
+        full = step % cfg.save_every == 0
+        if full or (cfg.publish_every and step % cfg.publish_every == 0):
+            save_s += _save(trainer, ckpt_dir, url, policy, full=full)
             saved_at = step
 
     if not history:  # stopped before the first step: nothing new to save or report
         return summary
-    # 6. Always leave the final state in a checkpoint.
-    if step != saved_at:
-        save_s += _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy,
-                        last_url, policy, ledger)
+    # 4. Leave the state where a restart finds it: a full checkpoint at the end (a weights-only one between
+    #    --watch cycles when --publish-every is set: the trainer in memory holds the rest).
+    if step != saved_at or (not keep and trainer.last_full != step):
+        save_s += _save(trainer, ckpt_dir, last_url, policy, full=not (keep and cfg.publish_every))
     events = [e for e in ledger.events if e["step"] > int(state["step"])]  # this invocation's
     return {
         **summary, "steps": len(history), "step": step, "save_s": save_s,
@@ -366,6 +411,53 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         "rows_dropped_invalid": sum(h["rows_dropped_invalid"] for h in history), "bad_value_events": events,
         **_stale_summary(history),
     }
+
+
+def finish(ckpt_dir: str, policy: str | None = None) -> float:
+    """End of `train --watch`: a full checkpoint of the trainer kept in memory, if its newest is not one."""
+    trainer = _TRAINERS.pop(str(ckpt_dir), None)
+    if trainer is None or trainer.last_full == trainer.step or not trainer.consumed:
+        return 0.0
+    return _save(trainer, ckpt_dir, trainer.consumed[-1], policy, full=True)
+
+
+def _where(in_url: str, ckpt_dir: str, cfg: TrainConfig, policy: str | None, resume: bool,
+           cached: TrainerState | None) -> dict[str, Any] | Exception:
+    """Rank 0's reading of the ledger: the state to start from, its full checkpoint and the batches to train.
+
+    An error is returned, not raised, so that every rank raises it (a rank that raised alone would leave the
+    others waiting for it)."""
+    try:
+        latest = run_ledger.latest_checkpoint(ckpt_dir)
+        if latest is not None and not resume:
+            raise UsageError(f"{ckpt_dir} already holds checkpoints and --no-resume was given",
+                             hint="resume (the default), or train into an empty --out")
+        if latest is None and policy is None:
+            raise UsageError("no checkpoint to resume from and no --policy given")
+        use_cache = (cached is not None and latest is not None and cached.step == latest[0]
+                     and cached.cfg == cfg)
+        if use_cache:
+            state = {**cached.state, "step": cached.step, "consumed_batches": list(cached.consumed),
+                     "bad_values": cached.ledger.to_state()}
+            full = None
+        else:
+            full = latest_full_checkpoint(ckpt_dir)
+            state = run_ledger.read_state(full[1]) if full else {"step": 0, "consumed_batches": []}
+        todo = pending_batches(in_url, set(state["consumed_batches"]))
+        if cfg.max_steps is not None:
+            todo = todo[: cfg.max_steps]
+        return {"state": state, "full": full[1] if full else None, "todo": todo, "cached": use_cache,
+                "latest": str(latest[1]) if latest else None}
+    except Exception as err:  # noqa: BLE001 (handed to every rank, raised there)
+        return err
+
+
+def latest_full_checkpoint(ckpt_dir: str) -> tuple[int, Any] | None:
+    """The newest checkpoint with optimizer state (a weights-only one cannot be resumed from)."""
+    for step, location in reversed(run_ledger.list_checkpoints(ckpt_dir)):
+        if full_checkpoint_state(run_ledger.read_state(location)):
+            return step, location
+    return None
 
 
 STALE_SUMMARY = {"rows_dropped_stale": 0, "rows_decayed_stale": 0, "skipped_stale": 0, "mean_lag": None, "max_lag": None}
@@ -413,14 +505,6 @@ class BadValueLedger:
         return {"events": self.events, "rows_dropped": self.rows_dropped, "steps_skipped": self.steps_skipped}
 
 
-def _refuse_nonfinite_start(model: Any, source: Path | str) -> None:
-    """Training on from NaN/inf weights would only skip every step: say which tensor is broken instead."""
-    bad = ckpt.first_nonfinite(model.state_dict().items())
-    if bad is not None:
-        raise TerminalError(f"cannot train from {source}: weight {bad[0]} holds {bad[1]}",
-                            hint="move this checkpoint aside to resume from the one before it")
-
-
 def _initial_policy(state: dict[str, Any], policy: str | None) -> Path:
     """The initial weights (KL reference, tokenizer fallback): the recorded directory when it is on this
     machine, else the recorded --policy spec resolved here (a run resumed elsewhere from an object store)."""
@@ -433,17 +517,18 @@ def _initial_policy(state: dict[str, Any], policy: str | None) -> Path:
     return ckpt.resolve_policy_path(spec)
 
 
-def _save(ckpt_dir, step, model, tokenizer, optimizer, scheduler, consumed, cfg, initial_policy, last_url,
-          policy, ledger: BadValueLedger) -> float:
-    """Write a checkpoint; returns the seconds it took (on an object store: mostly the upload)."""
-    started = time.perf_counter()
-    state = {"step": step, "consumed_batches": list(consumed), "last_batch": basename(last_url),
-             "config": asdict(cfg), "initial_policy": str(initial_policy), "policy_spec": policy,
-             "created_at": time.time(), "bad_values": ledger.to_state()}
-    ckpt.save_checkpoint(ckpt_dir, step, model, tokenizer, optimizer, scheduler, state)
-    if cfg.keep_checkpoints:
+def _save(trainer: TrainerState, ckpt_dir: str, last_url: str, policy: str | None, full: bool) -> float:
+    """Write a checkpoint (full, or weights only) on every rank; returns the seconds it took (on an object
+    store: mostly the upload)."""
+    cfg = trainer.cfg
+    state = {"step": trainer.step, "consumed_batches": list(trainer.consumed), "last_batch": basename(last_url),
+             "config": asdict(cfg), "initial_policy": str(trainer.initial_policy), "policy_spec": policy,
+             "created_at": time.time(), "bad_values": trainer.ledger.to_state(), "world_size": trainer.d.world,
+             "strategy": trainer.strategy}
+    seconds = trainer.save(ckpt_dir, state, full=full)
+    if cfg.keep_checkpoints and trainer.d.is_main:
         ckpt.prune_checkpoints(ckpt_dir, cfg.keep_checkpoints)
-    return time.perf_counter() - started
+    return seconds
 
 
 COUNT_METRICS = ("errors", "rows_dropped_invalid", "skipped_nonfinite", "rows_dropped_stale", "rows_decayed_stale",
@@ -467,17 +552,19 @@ __all__ = ["TrainConfig", "forward_backward", "train", "train_step"]
 
 
 def run(cfg: TrainConfig, io: TrainIO, stop: threading.Event | None = None,
-        on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
-    """The stage's entry point: `train` on `io`, stopping at a step boundary once `stop` is set."""
+        on_step: Callable[[int, dict[str, float]], None] | None = None, keep: bool = False) -> TrainResult:
+    """The stage's entry point: `train` on `io`, stopping at a step boundary once `stop` is set.
+
+    keep: keep the trainer in memory for the next call (`--watch`); `finish` checkpoints it at the end."""
     return TrainResult.from_summary(train(io.in_url, io.policy, io.out, cfg, metrics_url=io.metrics,
-                                          resume=io.resume, on_step=on_step, stop=stop))
+                                          resume=io.resume, on_step=on_step, stop=stop, keep=keep))
 
 
 def plan(cfg: TrainConfig, io: TrainIO) -> TrainResult:
     """What `run` would train on (--dry-run): the pending batches from the newest checkpoint; nothing loaded
     or written."""
     cfg.check()
-    latest = run_ledger.latest_checkpoint(io.out)
+    latest = latest_full_checkpoint(io.out)
     state: dict[str, Any] = run_ledger.read_state(latest[1]) if latest else {"step": 0, "consumed_batches": []}
     todo = pending_batches(io.in_url, set(state["consumed_batches"]))
     if cfg.max_steps is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -37,6 +40,16 @@ Non-finite values never reach the weights: a row with a bad value (NaN/inf log-p
   arlctl train --run RUN --dry-run    # the batches it would train on; nothing written
 
   arlctl train --run s3://bucket/run --policy smollm2-135m    # checkpoints uploaded, state.json last
+
+  arlctl train --run RUN --policy smollm2-135m --nproc 8 --precision bf16    # FSDP2 on 8 GPUs (launches torchrun)
+
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 -m -- arlctl.cli.main train --run RUN
+
+  arlctl train --run RUN --publish-every 1 --save-every 20    # weights-only versions; optimizer state every 20 steps
+
+  arlctl train --run RUN --lora-rank 16 --lora-targets q_proj,v_proj    # train adapters only; publish merged weights
+
+Many ranks (torchrun): each batch shard's rows are split across ranks by tokens and the loss is normalised by the whole shard's counts, so a step is the same step on any number of ranks. --strategy fsdp2 (the default on more than one rank) shards weights, gradients and optimizer state; ddp replicates them. Only rank 0 writes metrics and commits checkpoints; every rank writes its own shard files, and a checkpoint resumes on any number of ranks.
 """
 
 
@@ -58,6 +71,8 @@ def register(app: typer.Typer) -> None:
         watch: WatchOpt = False,
         poll: PollOpt = 5.0,
         lock_wait: LockWaitOpt = 0.0,
+        nproc: Annotated[int, typer.Option(
+            "--nproc", help="Launch torchrun with this many ranks on this machine (one per GPU; gloo on CPU).")] = 0,
         as_json: JsonOpt = False,
     ) -> None:
         # torch comes with the stage: import late so `arlctl --help` stays fast
@@ -66,6 +81,8 @@ def register(app: typer.Typer) -> None:
 
         if run is None and (in_url is None or out is None):
             raise UsageError("give --in and --out, or --run RUN")
+        if nproc:
+            raise typer.Exit(_launch_torchrun(nproc))
         layout = RunLayout(run) if run else None
         io = TrainIO(in_url=in_url or layout.batches, out=out or layout.checkpoints, policy=policy,
                      metrics=metrics or (layout.metrics if layout else None), resume=resume)
@@ -73,8 +90,12 @@ def register(app: typer.Typer) -> None:
             _dry_run(stage.plan(cfg, io), cfg, io, as_json)
             return
 
+        main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
+
         def once(stop) -> dict:
-            result = stage.run(cfg, io, stop, on_step=_line)
+            result = stage.run(cfg, io, stop, on_step=_line, keep=watch)
+            if not main_rank:
+                return result.to_json()
             if result.steps or not watch:
                 console.print(result.summary_line())
             if result.skipped_nonfinite or result.rows_dropped_invalid:
@@ -84,8 +105,70 @@ def register(app: typer.Typer) -> None:
                 print_json(result.to_json())
             return result.to_json()
 
-        run_stage(once, out=io.out, lock_name="train", watch=watch, poll=poll, lock_wait=lock_wait,
-                  units=lambda summary: summary["steps"])
+        from arlctl.rl.distributed import launched_by_torchrun
+
+        ranks = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+        if ranks > 1:
+            _run_ranks(stage, once, io, watch, poll, lock_wait)
+            return
+        try:
+            run_stage(once, out=io.out, lock_name="train", watch=watch, poll=poll, lock_wait=lock_wait,
+                      units=lambda summary: summary["steps"])
+        finally:
+            stage.finish(io.out, io.policy)
+
+
+def _launch_torchrun(nproc: int) -> int:
+    """`arlctl train --nproc N ...`: the same command under torchrun on this machine; returns its exit code."""
+    import subprocess
+
+    if nproc < 1:
+        raise UsageError("--nproc must be >= 1")
+    args, skip = [], False
+    for arg in sys.argv[1:]:  # this command line without --nproc N
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    env = dict(os.environ)
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # `-m --`: torchrun's own parser would take train's `--run` as an abbreviation of its `--run-path`.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "--", "arlctl.cli.main", *args]
+    console.print(f"launching: {' '.join(cmd[2:])}", markup=False, soft_wrap=True)
+    return subprocess.call(cmd, env=env)
+
+
+def _run_ranks(stage: Any, once: Any, io: Any, watch: bool, poll: float, lock_wait: float) -> None:
+    """One rank of a torchrun world: rank 0 holds the run lock; every rank runs each cycle (they agree on
+    stopping at every step boundary, so a SIGTERM seen by one rank stops them all); the trainer's last state
+    is checkpointed at the end."""
+    import threading
+
+    from arlctl.io.lock import RunLock
+    from arlctl.io.watch import GracefulStop
+    from arlctl.rl.distributed import init_dist
+
+    d = init_dist()
+    stop = threading.Event()
+    lock = RunLock(io.out, "train", wait_s=lock_wait) if d.is_main else contextlib.nullcontext()
+    with lock, GracefulStop(stop):
+        try:
+            while True:
+                summary = once(stop)
+                if not watch or d.any(stop.is_set()):
+                    break
+                if not summary["steps"]:
+                    stop.wait(poll)
+            stage.finish(io.out, io.policy)
+        finally:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _dry_run(plan: Any, cfg: TrainConfig, io: Any, as_json: bool) -> None:

@@ -186,11 +186,25 @@ def _commit_remote(build: Callable[[Path], None], dest: str, marker: str,
     return dest
 
 
+def put_files(local_dir: Path, dest_url: str | os.PathLike, names: list[str]) -> None:
+    """Copy `names` (relative paths under `local_dir`, subdirectories allowed) to the directory `dest_url`.
+
+    A plain copy, not a commit: for staging files that a later `commit_dir(copy_from=...)` takes in."""
+    if is_remote(dest_url):
+        upload_dir(local_dir, str(dest_url), names)
+        return
+    for name in names:
+        target = Path(dest_url) / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(local_dir / name, target)
+
+
 def _copy_into(source: Location, names: list[str], local_dir: Path) -> None:
     if is_remote(source):
         download_dir(str(source), local_dir, names)
         return
     for name in names:
+        (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(Path(source) / name, local_dir / name)
 
 

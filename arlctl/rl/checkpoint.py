@@ -54,6 +54,8 @@ HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "token
 def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> list[int]:
     """Delete all but the newest `keep` complete checkpoints; returns the steps removed.
 
+    The newest *full* checkpoint always stays (a resume needs its optimizer state), even when newer
+    weights-only ones (`train --publish-every`) fill the `keep` newest.
     Safe for every reader: a resume, `arlctl sync` and `arlctl filter` only ever use the newest complete
     checkpoint, and each checkpoint's state.json lists every batch consumed since step 0. The state file
     goes first, so a checkpoint interrupted half-way through deletion is already "incomplete" and ignored.
@@ -61,7 +63,11 @@ def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> list[int]:
     if keep < 1:
         raise UsageError("keep at least 1 checkpoint")
     removed = []
-    for step, location in list_checkpoints(ckpt_dir)[:-keep]:
+    found = list_checkpoints(ckpt_dir)
+    newest_full = next((step for step, location in reversed(found) if read_state(location).get("full", True)), None)
+    for step, location in found[:-keep]:
+        if step == newest_full:  # weights-only checkpoints after it cannot be resumed from: it stays
+            continue
         remove_checkpoint(location)
         removed.append(step)
     return removed

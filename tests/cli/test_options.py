@@ -159,5 +159,5 @@ def test_train_stops_at_a_step_boundary_with_the_step_saved(tmp_path):
     assert again.steps == 2 and again.resumed_from == 1
     assert set(again.to_json()) == {"steps", "step", "batches", "checkpoint", "resumed_from", "skipped_nonfinite",
                                     "rows_dropped_invalid", "bad_value_events", "save_s", "loss_mean",
-                                    "reward_mean", "tokens_per_s", "rows_dropped_stale", "rows_decayed_stale",
+                                    "reward_mean", "tokens_per_s", "rows_dropped_stale", "rows_decayed_stale", "world_size",
                                     "skipped_stale", "mean_lag", "max_lag"}

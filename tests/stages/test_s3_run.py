@@ -9,6 +9,7 @@ twice, and that rollout loads `--policy s3://...` through the local cache.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import fsspec
@@ -144,7 +145,9 @@ def test_loop_on_s3(s3_bucket):
 
     # Readers see only complete directories: no temp objects anywhere, every step/version has its marker.
     everything = keys(run)
-    assert not [k for k in everything if any(part.startswith(".") for part in k.split("/"))], everything
+    dcp_metadata = re.compile(r"^checkpoints/step-\d+/trainer/\.metadata$")  # torch.distributed.checkpoint's own name
+    assert not [k for k in everything if any(part.startswith(".") for part in k.split("/"))
+                and not dcp_metadata.match(k)], everything
     steps = {k.split("/")[1] for k in everything if k.startswith("checkpoints/step-")}
     assert steps == {f"step-{s:06d}" for s in range(1, step + 1)}
     assert all(f"checkpoints/{s}/state.json" in everything for s in steps)

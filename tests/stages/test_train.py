@@ -106,8 +106,11 @@ def test_only_unconsumed_batches_are_trained_and_checkpoints_are_complete(tmp_pa
     step, ckpt = latest_checkpoint(out)
     state = read_state(ckpt)
     assert state["step"] == step == n and len(state["consumed_batches"]) == n
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "optimizer.pt", "scheduler.pt", "rng.pt"):
+    # HF files for sync; the trainer's sharded state (torch.distributed.checkpoint) under trainer/
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "scheduler.pt", "trainer/.metadata",
+                 "trainer/__0_0.distcp", "trainer/rng-0.pt"):
         assert (ckpt / name).is_file(), name
+    assert state["full"] is True and set(state["files"]) >= {"trainer/.metadata", "model.safetensors"}
     assert not [p for p in out.iterdir() if p.name.startswith(".")], "no temp dirs left behind"
     load_model(ckpt)  # a loadable HF directory
     rows = pq.read_table(metrics).to_pylist()

@@ -1,0 +1,264 @@
+"""Training past one process: the process group, the parallel strategy, and rows split across ranks (DESIGN.md §9).
+
+`arlctl train` runs unchanged under torchrun: `init_dist` joins the process group torchrun describes in the
+environment (NCCL on GPUs, gloo on CPU) or, with no torchrun, returns a world of one. Everything a stage
+does distributed goes through `Dist`, whose methods are no-ops on one process, so the recipe reads the same
+for one rank and for many.
+
+Strategies (`--strategy`):
+  single   one process; the model is whole on one device
+  ddp      every rank holds the whole model (torch DistributedDataParallel); gradients are all-reduced once
+           per optimizer step, in the backward of the last micro-batch
+  fsdp2    `fully_shard` per decoder layer, then the root: parameters, gradients and optimizer state are
+           sharded across ranks; `MixedPrecisionPolicy` with --precision bf16 (bf16 compute, fp32 reduction,
+           fp32 sharded master weights); `CPUOffloadPolicy` with --offload
+  auto     fsdp2 when the world has more than one rank, else single
+
+One optimizer step is still one batch shard. Every rank reads the whole shard and applies the same row
+rules (so all agree on the rows); `split_rows` gives each rank a token-balanced subset; the loss of a rank's
+rows is divided by the *global* token / sequence counts of the shard, so the sum of the ranks' gradients is
+the single-process gradient, for every --loss-agg mode, TIS, KL and per-row weights. The strategies'
+collectives average over ranks, so each rank's loss is scaled by the world size (`loss_scale`). Ranks run the same number of micro-batches (a rank
+with fewer rows pads with empty ones that contribute a zero gradient), because every micro-batch is a
+collective under FSDP2.
+
+`ScoringModel` wraps the causal LM so that the scoring forward (decoder, then the LM head only at trained
+positions: arlctl/rl/batching.py `score_tokens`) is the root module's forward: FSDP2 gathers the root's
+parameters (embeddings, final norm, head) in its root pre-forward hook, which a call into a submodule would
+skip. The same wrapper is used by every strategy, so parameter names (and so checkpoints) are the same for
+single, ddp and fsdp2.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from arlctl.errors import UsageError
+from arlctl.rl.batching import MicroBatch, score_tokens
+
+# The env torchrun sets for each rank.
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class Dist:
+    """This process's place in the world. On one process every collective is a no-op."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None  # None: no process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (float64 on the wire)."""
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def min(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MIN)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on any (e.g. SIGTERM seen by one rank before the others)."""
+        return bool(self.max([float(flag)])[0])
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (a picklable object: the list of batches to train, a path, ...)."""
+        if not self.active:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, device=self._comm_device())
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def _reduce(self, values: list[float], op: Any) -> list[float]:
+        if not self.active:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_dist(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
+    """Join the process group torchrun describes (idempotent), or a world of one without torchrun.
+
+    device: `--device`; "auto" takes this rank's GPU (LOCAL_RANK) when CUDA is there, else the CPU.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
+    rank = int(os.environ.get("RANK", "0")) if world > 1 else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0
+    if device == "auto":
+        dev = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world == 1:
+        return Dist(device=dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(rank=rank, world=world, local_rank=local_rank, device=dev, backend=backend)
+
+
+def resolve_strategy(strategy: str, world: int) -> str:
+    """The strategy to run: auto -> fsdp2 on more than one rank, else single; single on many ranks is refused."""
+    if strategy == "auto":
+        return "fsdp2" if world > 1 else "single"
+    if strategy == "single" and world > 1:
+        raise UsageError(f"--strategy single cannot run on {world} ranks",
+                         hint="use --strategy fsdp2 or ddp under torchrun, or run one process")
+    return strategy
+
+
+def split_rows(lengths: list[int], world: int) -> list[list[int]]:
+    """Row indices per rank, balanced by tokens: longest row first to the least-loaded rank (ties: lower rank).
+
+    Deterministic, so every rank computes the same split. Each rank's list is in ascending row order.
+    """
+    loads = [0] * world
+    parts: list[list[int]] = [[] for _ in range(world)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(world), key=lambda r: (loads[r], r))
+        parts[r].append(i)
+        loads[r] += lengths[i]
+    return [sorted(p) for p in parts]
+
+
+class ScoringModel(nn.Module):
+    """The causal LM with the scoring pass as its forward (see the module docstring)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, mb: MicroBatch, with_entropy: bool = False,
+                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return score_tokens(self.lm, mb, with_entropy=with_entropy, temperature=temperature)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of an HF model: modules whose class is in its `_no_split_modules`."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise UsageError(f"cannot find the decoder layers of {type(model).__name__} to shard",
+                         hint="use --strategy ddp for this model")
+    return layers
+
+
+def wrap(scorer: ScoringModel, strategy: str, d: Dist, precision: str = "fp32", offload: bool = False) -> nn.Module:
+    """Apply the strategy to a model already on its device. Returns the module to call for the forward."""
+    if strategy == "single":
+        return scorer
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        if offload:
+            raise UsageError("--offload needs --strategy fsdp2")
+        ids = [d.device.index] if d.device.type == "cuda" else None
+        return DistributedDataParallel(scorer, device_ids=ids)
+    if strategy != "fsdp2":
+        raise UsageError(f"unknown --strategy {strategy!r}")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(d.device.type, (d.world,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if precision == "bf16" else MixedPrecisionPolicy())
+    kwargs = {"mesh": mesh, "mp_policy": mp, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+    for layer in decoder_layers(scorer):
+        fully_shard(layer, **kwargs)
+    fully_shard(scorer, **kwargs)
+    return scorer
+
+
+def grad_sync_scope(module: nn.Module, last: bool) -> Any:
+    """Context for one micro-batch's backward: gradients are reduced across ranks only on the last one."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        return nullcontext() if last else module.no_sync()
+    if isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(last)
+    return nullcontext()
+
+
+def loss_scale(module: nn.Module, d: Dist) -> float:
+    """The factor on each rank's loss that turns the strategy's gradient reduction into a sum: DDP and FSDP2
+    average over ranks (a custom divide factor needs PREMUL_SUM, which gloo lacks), and each rank's loss
+    already carries the whole batch's denominators."""
+    return float(d.world)
+
+
+def unwrap(module: nn.Module) -> ScoringModel:
+    """The ScoringModel under a DDP wrapper (FSDP2 shards in place: the module is its own)."""
+    return getattr(module, "module", module)
+
+
+def total_norm(norm: torch.Tensor) -> torch.Tensor:
+    """clip_grad_norm_'s result as a plain tensor (under FSDP2 it is a DTensor)."""
+    full = getattr(norm, "full_tensor", None)
+    return full() if callable(full) else norm
+
+
+def empty_micro_batch() -> MicroBatch:
+    """A one-token-pair micro-batch with nothing trained: its loss is 0 and its gradient exactly zero, but it
+    runs every layer forward and backward, so a rank with fewer rows still joins each collective."""
+    from arlctl.rl.batching import collate
+
+    cols = {"prompt_ids": [[0]], "response_ids": [[0]], "response_mask": [[0]], "response_logprobs": [[0.0]],
+            "advantage": [0.0], "weight": [0.0]}
+    return collate(cols, [0])
+
+
+@contextmanager
+def maybe_destroy(d: Dist) -> Iterator[None]:
+    """Tear the process group down at the end of the command (torchrun's processes exit right after)."""
+    try:
+        yield
+    finally:
+        if d.active and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,22 @@
+"""Run under torchrun by the tests: `train` once per --loss-agg mode with one strategy, each into OUT/<mode>."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from arlctl.stages.train import TrainConfig, train
+
+
+def main() -> None:
+    batches, policy, out, strategy, modes, settings = sys.argv[1:7]
+    for mode in modes.split(","):
+        cfg = TrainConfig(strategy=strategy, loss_agg=mode, device="cpu", **json.loads(settings))
+        summary = train(batches, policy, f"{out}/{mode}", cfg,
+                        on_step=lambda step, m: print(f"trained step {step}", flush=True))
+        print(json.dumps({"mode": mode, "steps": summary["steps"], "world_size": summary["world_size"],
+                          "skipped": summary["skipped_nonfinite"], "events": summary["bad_value_events"]}))
+
+
+if __name__ == "__main__":
+    main()
