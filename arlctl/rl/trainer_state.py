@@ -149,6 +149,7 @@ class TrainerState:
         options = StateDictOptions(ignore_frozen_params=self.lora)
         holder = self._state_holder()
         model_sd, optim_sd = get_state_dict(holder, self.optimizer, options=options)
+        model_sd = self._trained_only(model_sd)
         loaded = {"model": model_sd, "optim": optim_sd}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: expected
@@ -226,6 +227,14 @@ class TrainerState:
         """The module whose parameters the optimizer steps, as the state-dict API wants it (DDP wrapper kept)."""
         return self.master if self.master_copy else self.module
 
+    def _trained_only(self, model_sd: dict[str, Any]) -> dict[str, Any]:
+        """With LoRA, the adapters alone: `ignore_frozen_params` still keeps a tied head (it shares the frozen
+        embedding), which the checkpoint need not hold: the base comes from the initial policy."""
+        if not self.lora:
+            return model_sd
+        trained = {n.removeprefix("module.") for n, p in self._state_holder().named_parameters() if p.requires_grad}
+        return {k: v for k, v in model_sd.items() if k in trained}
+
     # ------------------------------------------------------------------------------------------- save
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -282,6 +291,7 @@ class TrainerState:
 
         model_sd, optim_sd = get_state_dict(self._state_holder(), self.optimizer,
                                             options=StateDictOptions(ignore_frozen_params=self.lora))
+        model_sd = self._trained_only(model_sd)
         with tempfile.TemporaryDirectory(prefix="arlctl-dcp-") as scratch:
             local = Path(scratch) / TRAINER_DIR
             with warnings.catch_warnings():
