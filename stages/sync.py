@@ -51,11 +51,18 @@ def _source_name(source: Path | str) -> str:
     return str(Path(source).resolve()) if isinstance(source, Path) else str(source)
 
 
-def _weights_digest(source: Path | str) -> str:
+WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")  # a whole model, or a LoRA adapter directory
+
+
+def _weights_file(files: dict[str, int]) -> str | None:
+    return next((n for n in WEIGHT_FILES if n in files), None)
+
+
+def _weights_digest(source: Path | str, name: str = "model.safetensors") -> str:
     """sha256 of the checkpoint's weights: from its state.json manifest when there, else read once."""
     state = ledger.read_state(source) if store.is_committed(source, ledger.STATE_FILE) else {}
-    digest = (state.get("sha256") or {}).get("model.safetensors")
-    return digest or store.sha256(store.child(source, "model.safetensors"))
+    digest = (state.get("sha256") or {}).get(name)
+    return digest or store.sha256(store.child(source, name))
 
 
 def publish(source: Path | str, step: int, policy_dir: Path | str) -> tuple[Path | str, bool]:
@@ -69,10 +76,13 @@ def publish(source: Path | str, step: int, policy_dir: Path | str) -> tuple[Path
     if read_version_info(policy_dir, name) is not None:
         return final, False
     files = _hf_files(source)
-    if "model.safetensors" not in files:
+    weights = _weights_file(files)
+    if weights is None:
         raise TerminalError(f"{source} has no model.safetensors", hint="only train checkpoints can be published")
     info = {"version": step, "step": step, "source_checkpoint": _source_name(source),
-            "sha256": _weights_digest(source), "created_at": time.time()}
+            "sha256": _weights_digest(source, weights), "created_at": time.time()}
+    if weights != "model.safetensors":  # train --publish-format adapter: vLLM loads it beside its base
+        info["adapter"] = True
 
     def build(directory: Path) -> None:
         (directory / VERSION_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))

@@ -53,3 +53,38 @@ def test_two_ranks_equal_one_process_for_every_loss_agg(single, strategy):
         assert moved > 50 * TOL, f"{mode}: the weights must move far more than the tolerance ({moved})"
         print(f"{strategy} {mode}: max |2 ranks - 1 process| = {max_diff(one, two):.2e}, moved {moved:.2e}")
         assert max_diff(one, two) < TOL, f"{strategy} {mode}: {max_diff(one, two)}"
+
+
+def test_two_ranks_drop_poisoned_rows_like_one_process(single, tmp_path):
+    """A -inf behaviour log-prob on a trained token and a NaN off the mask: every rank drops the same rows by
+    the counted rules, the steps stay finite, and 2 ranks still equal one process."""
+    import math
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from arlctl.io.shards import read_shard, scan, write_table_atomic
+
+    root, batches, model = single
+    poisoned = tmp_path / "batches"
+    shutil.copytree(batches, poisoned)
+    url = scan(str(poisoned)).shards[0]
+    table = read_shard(url)
+    rows = table.to_pylist()
+    rows[0]["response_logprobs"][rows[0]["response_mask"].index(1)] = -math.inf  # trained: dropped, counted
+    rows[1]["response_logprobs"][rows[1]["response_mask"].index(0)] = math.nan  # off the mask: a schema value rule
+    # A hostile writer does not validate: the shard is replaced as it is, metadata kept.
+    write_table_atomic(pa.Table.from_pylist(rows, schema=table.schema), url, pq.read_schema(url).metadata)
+    settings = {**SETTINGS, "max_steps": 2}
+    one = train(str(poisoned), str(model), str(tmp_path / "one"),
+                TrainConfig(strategy="single", loss_agg="token-mean", device="cpu", **settings))
+    assert one["rows_dropped_invalid"] == 2 and one["skipped_nonfinite"] == 0
+    res = torchrun(["tests/distributed/worker.py", str(poisoned), str(model), str(tmp_path / "two"), "fsdp2",
+                    "token-mean", json.dumps(settings)])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    w1 = weights(latest_checkpoint(tmp_path / "one")[1])
+    w2 = weights(latest_checkpoint(tmp_path / "two" / "token-mean")[1])
+    assert all(bool(v.isfinite().all()) for v in w2.values())
+    print(f"poisoned rows, 2 ranks vs 1 process: {max_diff(w1, w2):.2e}")
+    assert max_diff(w1, w2) < TOL

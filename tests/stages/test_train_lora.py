@@ -104,3 +104,29 @@ def test_lora_resume_gives_the_weights_of_a_straight_run(trained, tmp_path):
     straight = load_file(str(latest_checkpoint(out)[1] / "model.safetensors"))
     resumed = load_file(str(latest_checkpoint(split)[1] / "model.safetensors"))
     assert max(float((straight[k] - resumed[k]).abs().max()) for k in straight) < 1e-6
+
+
+def test_publish_format_adapter_writes_a_peft_directory_that_sync_publishes(trained, tmp_path):
+    from peft import PeftModel
+
+    from arlctl.stages.train import load_model
+
+    _, batches, out, _ = trained
+    adapter_out, policy = tmp_path / "ckpt", tmp_path / "policy"
+    train(batches, str(tiny_model_dir()), str(adapter_out), TrainConfig(save_every=1, publish_format="adapter", **LORA))
+    step, ckpt = latest_checkpoint(adapter_out)
+    assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "adapter_config.json").is_file()
+    assert not (ckpt / "model.safetensors").exists()
+    summary = sync(str(adapter_out), str(policy))
+    version = policy / f"v{step:06d}"
+    info = json.loads((version / "version.json").read_text())
+    assert summary["published"] and info["adapter"] is True and (version / "adapter_model.safetensors").is_file()
+    # The published adapter on the base == the merged weights of the same training run.
+    adapted = PeftModel.from_pretrained(load_model(tiny_model_dir()), str(version)).eval()
+    merged = load_model(latest_checkpoint(out)[1]).eval()
+    ids = torch.tensor([[1, 5, 9, 200, 3000, 7]])
+    with torch.no_grad():
+        a, m = adapted(input_ids=ids).logits, merged(input_ids=ids).logits
+    # x W + s (x A^T) B^T vs x (W + s B A): the same up to float32 rounding, relative to the logits' size
+    assert float((a - m).abs().max()) < 1e-6 * float(m.abs().max()) + 1e-5, (float((a - m).abs().max()),
+                                                                           float(m.abs().max()))
