@@ -207,7 +207,8 @@ def wrap(scorer: ScoringModel, strategy: str, d: Dist, precision: str = "fp32", 
     mesh = init_device_mesh(d.device.type, (d.world,))
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if precision == "bf16" else MixedPrecisionPolicy())
-    kwargs = {"mesh": mesh, "mp_policy": mp, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+    offload_policy = CPUOffloadPolicy(pin_memory=d.device.type == "cuda") if offload else OffloadPolicy()
+    kwargs = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload_policy}
     for layer in decoder_layers(scorer):
         fully_shard(layer, **kwargs)
     fully_shard(scorer, **kwargs)

@@ -11,7 +11,7 @@ from arlctl.stages.train import TrainConfig, train
 def main() -> None:
     batches, policy, out, strategy, modes, settings = sys.argv[1:7]
     for mode in modes.split(","):
-        cfg = TrainConfig(strategy=strategy, loss_agg=mode, device="cpu", **json.loads(settings))
+        cfg = TrainConfig(strategy=strategy, loss_agg=mode, **{"device": "cpu", **json.loads(settings)})
         summary = train(batches, policy, f"{out}/{mode}", cfg,
                         on_step=lambda step, m: print(f"trained step {step}", flush=True))
         print(json.dumps({"mode": mode, "steps": summary["steps"], "world_size": summary["world_size"],
