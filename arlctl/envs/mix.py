@@ -29,7 +29,7 @@ from arlctl.errors import UsageError
 MIX_EXAMPLE = "--env-mix 'swe:0.7,math:0.3'"
 # What an ENV in `--tasks ENV=SOURCE` looks like: an env name or a module:attr plugin spec. A builtin spec
 # ("builtin:math?n=4") or a path ("data/a=b.jsonl") has '?' or '/' before its first '=', so never matches.
-_ENV_NAME = re.compile(r"^[A-Za-z_][\w.-]*(:[A-Za-z_][\w.]*)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][\w.-]*(:[A-Za-z_][\w.-]*)?$")
 _TIE = 1e-9  # credits within this are equal: float sums of weights are not exact
 
 
@@ -122,9 +122,9 @@ def _split_env_source(arg: str) -> tuple[str | None, str]:
 
 
 def _builtin_default(env: str) -> list[dict[str, Any]]:
-    from arlctl.envs.registry import import_provider  # late: the registry imports the env modules
+    from arlctl.envs.registry import family_of, import_provider  # late: the registry imports the env modules
 
-    if ":" not in env:
+    if ":" not in env or family_of(env) is not None:
         import_provider(env, BUILTIN_SOURCES, "builtin task source")
     if env not in BUILTIN_SOURCES:
         raise UsageError(f"env {env!r} of the mix has no tasks and no builtin task source",

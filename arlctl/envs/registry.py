@@ -4,8 +4,10 @@ A name resolves in this order:
 1. built in: registered by the module that defines it. Names in PROVIDERS are imported on first use, so
    `make_env("swe")` works without this module importing the swe code (and its sandbox dependencies)
    when only math is wanted;
-2. a `module:attribute` spec (any name with a ':'), imported as is: `--env mypkg.env:make`;
-3. a Python entry point in the group `arlctl.envs` / `arlctl.rewards`, loaded on first use. A plugin
+2. a member of a family: `--env textarena:Wordle-v0` names one of many envs a provider module makes on demand
+   (FAMILIES: family -> module); importing the module registers the family, which registers the member;
+3. a `module:attribute` spec (any other name with a ':'), imported as is: `--env mypkg.env:make`;
+4. a Python entry point in the group `arlctl.envs` / `arlctl.rewards`, loaded on first use. A plugin
    name that collides with a built-in one never replaces it (built-in wins; `arlctl envs` says so).
 Every failure to load out-of-tree code is a UsageError naming the spec or the distribution.
 
@@ -15,7 +17,9 @@ A run asks for an `env_factory(name, **options)` instead: it hands out full arlc
 releases what its envs shared (swe: the sandbox pools; nothing for math, first-token and plugins).
 A reward function has the shape
     score(final_state, task, response_text) -> (reward, components, info)
-and a version string that the reward stage writes into `reward_version`. A plugin reward's version is
+and a version string that the reward stage writes into `reward_version`. A score function may carry
+`version_suffix(**options) -> str` (appended to that version: e.g. a rubric file's content hash) and, for
+rewards that compare the members of a GRPO group, `score_group` (see stages/reward.py). A plugin reward's version is
 the `version` / `VERSION` attribute of the function or else its module, else "<module>:<attribute>".
 """
 
@@ -62,7 +66,12 @@ SHARED_FACTORIES: dict[str, Callable[..., EnvFactory]] = {}
 REWARDS: dict[str, tuple[ScoreFn, str]] = {}  # name -> (score function, base version)
 SOURCES: dict[tuple[str, str], Source] = {}  # (what, name) -> source of plugins loaded in this process
 # Modules that register an env, its reward and its builtin task source when imported (on first use).
-PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy"}
+PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy", "reasoning-gym": "arlctl.envs.reasoning_gym",
+             "code": "arlctl.envs.code"}
+# Families of envs named `FAMILY:MEMBER`: family -> module whose import calls register_family.
+FAMILIES = {"textarena": "arlctl.envs.textarena"}
+# family -> function(member) that registers the env (and its reward) named "FAMILY:MEMBER", or raises UsageError
+FAMILY_MEMBERS: dict[str, Callable[[str], None]] = {}
 _PLUGIN_TABLES = {"env": (ENVS, ENV_GROUP), "reward": (REWARDS, REWARD_GROUP)}
 
 
@@ -80,8 +89,29 @@ def register_reward(name: str, score: ScoreFn, version: str) -> None:
     REWARDS[name] = (score, version)
 
 
+def register_family(family: str, register_member: Callable[[str], None]) -> None:
+    """Make `FAMILY:MEMBER` names resolve: register_member(MEMBER) registers that env (and its reward)."""
+    FAMILY_MEMBERS[family] = register_member
+
+
+def family_of(name: str) -> str | None:
+    """The family a `FAMILY:MEMBER` name belongs to, or None (a plain name or a module:attr spec)."""
+    family, colon, member = name.partition(":")
+    return family if colon and member and family in FAMILIES else None
+
+
 def import_provider(name: str, table: dict[str, Any], what: str) -> None:
     """Import the module that registers `name` into `table`, if it is not there yet."""
+    family = family_of(name)
+    if family is not None and name not in table:
+        if family not in FAMILY_MEMBERS:
+            try:
+                importlib.import_module(FAMILIES[family])
+            except ImportError as exc:
+                raise UsageError(f"{what} {name!r} is not available: {exc}",
+                                 hint=f"install the {family} package into this environment") from None
+        FAMILY_MEMBERS[family](name.partition(":")[2])
+        return
     if name not in table and name in PROVIDERS:
         try:
             importlib.import_module(PROVIDERS[name])
@@ -90,7 +120,8 @@ def import_provider(name: str, table: dict[str, Any], what: str) -> None:
 
 
 def is_spec(name: str) -> bool:
-    return ":" in name
+    """A `module:attribute` plugin spec (a family member such as textarena:Wordle-v0 is not one)."""
+    return ":" in name and family_of(name) is None
 
 
 def builtin_names(what: str) -> set[str]:
@@ -274,11 +305,16 @@ def get_reward(name: str, **options: Any) -> Reward:
     if options:
         version += "+" + ",".join(f"{key}={options[key]}" for key in sorted(options))
         score = partial(score, **options)
+    # A reward whose options name content (a rubric file, a judge model) says what that content is, so a
+    # changed rubric behind the same path is another version (and misses the reward cache).
+    describe = getattr(REWARDS[name][0], "version_suffix", None)
+    if callable(describe):
+        version += describe(**options)
     return Reward(name=name, version=version, score=score)
 
 
 def list_envs() -> list[str]:
-    return sorted(set(ENVS) | set(PROVIDERS))
+    return sorted(set(ENVS) | set(PROVIDERS) | {f"{family}:GAME" for family in FAMILIES})
 
 
 def catalog(what: str) -> list[dict[str, Any]]:

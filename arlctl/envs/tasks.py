@@ -1,7 +1,9 @@
 """Task sources for `arlctl rollout --tasks SPEC`: builtin generators and JSONL files.
 
     builtin:math?n=256&seed=0&difficulty=1     generated in process (options as a query string)
+    reasoning-gym:leg_counting?n=8             a scheme: SCHEME:REST handed whole to the module that owns it
     tasks.jsonl | s3://bucket/tasks.jsonl      one task object per line (any fsspec URL)
+    tasks.parquet                              one task per row (as the `datasets` library writes them)
 
 Every task is a dict with at least `task_id` and `env`. Builtin sources live in BUILTIN_SOURCES; a module
 registers its own with `register_task_source` when imported. `load_tasks` imports the module named in
@@ -21,7 +23,37 @@ from arlctl.io.fs import get_fs
 MAX_TASK_DEPTH = 64  # JSON nesting levels a task may use (SWE-bench rows use 3)
 TaskSource = Callable[[dict[str, str]], list[dict[str, Any]]]
 BUILTIN_SOURCES: dict[str, TaskSource] = {}
-# builtin name -> module whose import registers it (lazy, so loading math tasks never imports swe).
+# Task schemes: `SCHEME:REST` specs (not URLs: no "//" after the colon) -> module whose import registers it.
+TASK_SCHEMES = {"reasoning-gym": "arlctl.envs.reasoning_gym", "humaneval": "arlctl.envs.code"}
+SCHEME_SOURCES: dict[str, Callable[[str], list[dict[str, Any]]]] = {}
+
+
+def register_task_scheme(name: str) -> Callable[[Callable[[str], list[dict[str, Any]]]], Any]:
+    """Decorator: make `NAME:REST` call fn(REST) and return its task list (REST is the scheme's own syntax)."""
+
+    def decorate(fn: Callable[[str], list[dict[str, Any]]]) -> Callable[[str], list[dict[str, Any]]]:
+        SCHEME_SOURCES[name] = fn
+        return fn
+
+    return decorate
+
+
+def scheme_of(spec: str) -> str | None:
+    """The task scheme a spec uses (`reasoning-gym:...`), or None for builtin specs, paths and URLs."""
+    scheme, colon, rest = spec.partition(":")
+    return scheme if colon and scheme in TASK_SCHEMES and not rest.startswith("//") else None
+
+
+def _load_scheme(spec: str, scheme: str) -> list[dict[str, Any]]:
+    import importlib
+
+    if scheme not in SCHEME_SOURCES:
+        try:
+            importlib.import_module(TASK_SCHEMES[scheme])
+        except ImportError as exc:
+            raise UsageError(f"task source {spec!r} is not available: {exc}",
+                             hint=f"install the package the {scheme} scheme needs") from None
+    return SCHEME_SOURCES[scheme](spec.partition(":")[2])
 
 
 def register_task_source(name: str) -> Callable[[TaskSource], TaskSource]:
@@ -99,6 +131,33 @@ def _load_jsonl(url: str) -> list[dict[str, Any]]:
     return tasks
 
 
+def _load_parquet(url: str) -> list[dict[str, Any]]:
+    """Every row one task (columns as keys; nulls dropped), as `datasets` writes SWE-bench-style rows."""
+    import pyarrow.parquet as pq
+
+    fs, path = get_fs(url)
+    if not fs.exists(path):
+        raise UsageError(f"task file not found: {url}", hint="give a Parquet or JSONL file or builtin:math?n=...")
+    try:
+        with fs.open(path, "rb") as handle:
+            rows = pq.read_table(handle).to_pylist()
+    except Exception as exc:  # not Parquet, or a broken footer: one line naming the file
+        raise UsageError(f"{url}: not a readable Parquet file: {type(exc).__name__}: {exc}") from None
+    tasks = []
+    for position, row in enumerate(rows, start=1):
+        task = {key: value for key, value in row.items() if value is not None}
+        where = f"{url}:row {position}"
+        if _depth(task) > MAX_TASK_DEPTH:
+            raise UsageError(f"{where}: nested deeper than {MAX_TASK_DEPTH} levels")
+        if "task_id" not in task and "instance_id" in task:
+            task["task_id"] = task["instance_id"]
+        task["task_id"] = _task_id(task.get("task_id"), where)
+        tasks.append(task)
+    if not tasks:
+        raise UsageError(f"{url}: no tasks", hint="the Parquet file has no rows")
+    return tasks
+
+
 def _parse_line(raw: bytes, url: str, lineno: int) -> dict[str, Any] | None:
     """One JSONL line as a task (None for a blank line)."""
     where = f"{url}:{lineno}"
@@ -161,7 +220,15 @@ def load_tasks(spec: str, env: str | None = None, default_env: str | None = None
 
     Task ids must be unique: groups and lineage are keyed by them.
     """
-    tasks = _load_builtin(spec) if spec.startswith("builtin:") else _load_jsonl(spec)
+    scheme = scheme_of(spec)
+    if spec.startswith("builtin:"):
+        tasks = _load_builtin(spec)
+    elif scheme is not None:
+        tasks = _load_scheme(spec, scheme)
+    elif spec.split("?")[0].endswith(".parquet"):
+        tasks = _load_parquet(spec)
+    else:
+        tasks = _load_jsonl(spec)
     if not tasks:
         raise UsageError(f"{spec}: no tasks")
     seen: set[str] = set()
