@@ -141,12 +141,13 @@ def dir_files(url: str | os.PathLike) -> dict[str, int]:
 
 
 def commit_dir(build: Callable[[Path], None], dest_url: str | os.PathLike, marker: str,
-               copy_from: tuple[Location, list[str]] | None = None) -> Location:
+               copy_from: tuple[Location, list[str]] | None = None, move: bool = False) -> Location:
     """Commit a directory built by `build(tmp)` at `dest_url`, `marker` last (see the module docstring).
 
     copy_from=(source, names): those files of the directory `source` (local or remote) are copied in
-    first, server-side when source and destination are on the same store. A directory already at
-    `dest_url` (a leftover, or a replay after a crash) is replaced.
+    first, server-side when source and destination are on the same store; with move=True and both local,
+    they are renamed in instead (the source is a staging directory the caller discards). A directory
+    already at `dest_url` (a leftover, or a replay after a crash) is replaced.
     """
     if is_remote(dest_url):
         return _commit_remote(build, str(dest_url), marker, copy_from)
@@ -155,7 +156,7 @@ def commit_dir(build: Callable[[Path], None], dest_url: str | os.PathLike, marke
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         if copy_from is not None:
-            _copy_into(copy_from[0], copy_from[1], tmp)
+            _copy_into(copy_from[0], copy_from[1], tmp, move)
         build(tmp)
         _fsync_file(tmp / marker)
         if final.exists():
@@ -199,13 +200,16 @@ def put_files(local_dir: Path, dest_url: str | os.PathLike, names: list[str]) ->
         shutil.copy2(local_dir / name, target)
 
 
-def _copy_into(source: Location, names: list[str], local_dir: Path) -> None:
+def _copy_into(source: Location, names: list[str], local_dir: Path, move: bool = False) -> None:
     if is_remote(source):
         download_dir(str(source), local_dir, names)
         return
     for name in names:
         (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(Path(source) / name, local_dir / name)
+        if move:  # rename on one filesystem (staging sits beside the checkpoint), a copy across two
+            shutil.move(Path(source) / name, local_dir / name)
+        else:
+            shutil.copy2(Path(source) / name, local_dir / name)
 
 
 def _copy_to_store(source: Location, names: list[str], dest: str, scratch: Path) -> None:

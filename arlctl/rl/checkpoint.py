@@ -1,7 +1,8 @@
 """Trainer checkpoints and policy directories on disk (DESIGN.md §5, §10).
 
 A checkpoint `CKPTDIR/step-NNNNNN/` is a loadable HF directory (config.json, model.safetensors, tokenizer
-files) plus `optimizer.pt`, `scheduler.pt`, `rng.pt` and `state.json` {step, consumed_batches, config, ...}.
+files) plus the trainer's state (arlctl/rl/trainer_state.py: DCP shards under `trainer/` and `scheduler.pt`;
+older checkpoints hold `optimizer.pt` and `rng.pt`) and `state.json` {step, consumed_batches, config, files}.
 It is built in a hidden temporary directory beside it and renamed into place, so a visible step directory
 is always complete; `state.json` is also written last, which is what "complete" means on object stores.
 
@@ -16,8 +17,9 @@ the current version and is replaced atomically (one PUT on object stores). `reso
 any `--policy` spec into an HF directory: a policy dir (follows LATEST), a checkpoint or HF dir, the
 embedded model's name, or a URL of any of these (downloaded into the loader's cache).
 
-Non-finite weights are never written or published: `save_checkpoint` refuses a model with a NaN or inf
-parameter, and `nonfinite_weight` finds the first such tensor in a directory's safetensors for `sync`.
+Non-finite weights are never written or published: the trainer (arlctl/rl/trainer_state.py `save`) refuses
+a model with a NaN or inf parameter, and `nonfinite_weight` finds the first such tensor in a directory's
+safetensors for `sync`. The trainer builds checkpoints; this module holds what readers and writers share.
 """
 
 from __future__ import annotations
@@ -36,13 +38,11 @@ from arlctl.errors import TerminalError, UsageError
 from arlctl.io import store
 from arlctl.io.ledger import (  # STATE_FILE .. read_state re-exported: tests read checkpoints through here
     STATE_FILE,
-    checkpoint_location,
     latest_checkpoint,
     list_checkpoints,
     read_latest,
     read_state,
     remove_checkpoint,
-    step_dir_name,
 )
 from arlctl.models import sha256_file
 
@@ -135,37 +135,19 @@ def nonfinite_weight(directory: Path) -> str | None:
     return None
 
 
-def save_checkpoint(ckpt_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-                    state: dict[str, Any]) -> Path | str:
-    """Write step-NNNNNN atomically: build a hidden temp dir, fsync, rename. Returns the final path.
+def write_manifest(directory: Path, state: dict[str, Any], extra_files: dict[str, int] | None = None) -> None:
+    """Write `state.json` into a checkpoint being built: `state` plus the manifest a reader checks.
 
-    On an object store: build locally, upload, state.json last (see the module docstring); returns the URL.
-    A model with a non-finite parameter is refused (TerminalError): such weights must never reach sync.
+    The manifest lists every file with its size (the ones in `directory`, and `extra_files` that the
+    commit brings in from elsewhere: the ranks' DCP shards) and the sha256 of the weights, so `sync`
+    need not read them again. It is the last file written: its presence is what "complete" means.
     """
-    bad = first_nonfinite(model.state_dict().items())
-    if bad is not None:
-        raise TerminalError(f"refusing to save {step_dir_name(step)}: weight {bad[0]} holds {bad[1]}",
-                            hint="the newest complete checkpoint is unchanged; lower --lr or --grad-clip")
-
-    def build(directory: Path) -> None:
-        _write_files(directory, model, tokenizer, optimizer, scheduler)
-        names = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-        # The manifest: what a reader must find, and the weights' digest so sync need not read them again.
-        manifest = {**state, "files": {n: (directory / n).stat().st_size for n in names},
-                    "sha256": {n: sha256_file(directory / n) for n in names if n.endswith(".safetensors")}}
-        (directory / STATE_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
-
-    # Local: built hidden and renamed into place; object store: uploaded, state.json last (arlctl/io/store.py).
-    return store.commit_dir(build, checkpoint_location(ckpt_dir, step), STATE_FILE)
-
-
-def _write_files(directory: Path, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any) -> None:
-    model.save_pretrained(directory, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
-    torch.save(scheduler.state_dict(), directory / "scheduler.pt")
-    torch.save(rng_state(), directory / "rng.pt")
+    names = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+    files = {n: (directory / n).stat().st_size for n in names}
+    files.update(extra_files or {})
+    manifest = {**state, "files": files,
+                "sha256": {n: sha256_file(directory / n) for n in names if n.endswith(".safetensors")}}
+    (directory / STATE_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
 
 
 def resolve_policy_path(spec: str) -> Path:
@@ -200,4 +182,4 @@ def resolve_policy_path(spec: str) -> Path:
 
 __all__ = ["HF_FILES", "STATE_FILE", "TRAINER_ONLY", "first_nonfinite", "latest_checkpoint", "list_checkpoints",
            "local_copy", "nonfinite_weight", "prune_checkpoints", "read_latest", "read_state", "resolve_policy_path",
-           "rng_state", "save_checkpoint", "set_rng_state", "sha256_file"]
+           "rng_state", "set_rng_state", "sha256_file", "write_manifest"]

@@ -18,14 +18,14 @@ Checkpoints (`step-NNNNNN/`, committed with state.json last, locally or on an ob
                 (`--publish-every`); a resume starts from the newest *full* checkpoint and redoes the steps
                 after it
 The HF weights are gathered to rank 0 (`--publish-dtype`); with LoRA they are the merged weights.
-Every rank writes its shard files into a staging directory beside the checkpoint (`.step-N.staging`); rank 0
-then commits the checkpoint, moving (locally) or copying (object store, server-side) those files in.
+Every rank writes its shard files into a staging directory beside the checkpoint (`.step-N.staging`: in place
+locally; on an object store, written to a local temporary directory and uploaded); rank 0 then commits the
+checkpoint, renaming (locally) or copying (object store, server-side) those files in, so each is written once.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -38,7 +38,6 @@ from torch import nn
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import ledger as run_ledger
 from arlctl.io import store
-from arlctl.models import sha256_file
 from arlctl.rl import checkpoint as ckpt
 from arlctl.rl import distributed as dd
 from arlctl.stages.configs import TrainConfig
@@ -286,24 +285,31 @@ class TrainerState:
         """Every rank writes its DCP shard and RNG state under staging/trainer/; returns {name: size} of all."""
         import tempfile
 
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model_sd, optim_sd = get_state_dict(self._state_holder(), self.optimizer,
                                             options=StateDictOptions(ignore_frozen_params=self.lora))
         model_sd = self._trained_only(model_sd)
-        with tempfile.TemporaryDirectory(prefix="arlctl-dcp-") as scratch:
-            local = Path(scratch) / TRAINER_DIR
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: expected
-                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(local))
-            torch.save(ckpt.rng_state(), local / f"rng-{self.d.rank}.pt")
-            mine = {f"{TRAINER_DIR}/{p.name}": p.stat().st_size for p in local.iterdir() if p.is_file()}
-            if self.d.is_main:  # a leftover of an attempt that died: nobody may add to it
-                store.remove_dir(staging)
-            self.d.barrier()
-            store.put_files(Path(scratch), staging, sorted(mine))
+        if self.d.is_main:  # a leftover of an attempt that died: nobody may add to it
+            store.remove_dir(staging)
+        self.d.barrier()
+        if not store.is_remote(staging):  # written in place; the commit moves them in (one write per file)
+            mine = self._save_dcp(Path(staging) / TRAINER_DIR, model_sd, optim_sd)
+        else:  # written here first, then uploaded; the commit copies them server-side
+            with tempfile.TemporaryDirectory(prefix="arlctl-dcp-") as scratch:
+                mine = self._save_dcp(Path(scratch) / TRAINER_DIR, model_sd, optim_sd)
+                store.put_files(Path(scratch), staging, sorted(mine))
         return {name: size for part in self.d.gather_objects(mine) for name, size in part.items()}
+
+    def _save_dcp(self, local: Path, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> dict[str, int]:
+        """This rank's DCP files and RNG state in the local directory `local`; returns {trainer/name: size}."""
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: expected
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(local))
+        torch.save(ckpt.rng_state(), local / f"rng-{self.d.rank}.pt")
+        return {f"{TRAINER_DIR}/{p.name}": p.stat().st_size for p in local.iterdir() if p.is_file()}
 
     def _commit(self, ckpt_dir: str, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any],
                 staging: str | None, shard_files: dict[str, int]) -> None:
@@ -314,17 +320,11 @@ class TrainerState:
                          == "adapter", cfg=self.cfg, base=self.initial_policy)
             if staging is not None:
                 torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
-            names = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-            files = {n: (directory / n).stat().st_size for n in names}
-            files.update(shard_files)
-            manifest = {**state, "files": files,
-                        "sha256": {n: sha256_file(directory / n) for n in names if n.endswith(".safetensors")}}
-            (directory / run_ledger.STATE_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True,
-                                                                      default=str))
+            ckpt.write_manifest(directory, state, shard_files)
 
         copy_from = (staging, sorted(shard_files)) if staging is not None else None
         store.commit_dir(build, run_ledger.checkpoint_location(ckpt_dir, step), run_ledger.STATE_FILE,
-                         copy_from=copy_from)
+                         copy_from=copy_from, move=True)
 
 
 LORA_REFERENCE = "lora-base"

@@ -65,6 +65,19 @@ def test_commit_dir_copies_from_another_directory(root, tmp_path):
     assert store.sha256(join(str(again), "model.safetensors")) == store.sha256(source / "model.safetensors")
 
 
+def test_commit_dir_moves_local_staging_files_in_without_copying_them(tmp_path):
+    staging = tmp_path / ".step-000001.staging"
+    (staging / "trainer").mkdir(parents=True)
+    (staging / "trainer" / "__0_0.distcp").write_bytes(b"shard")
+    inode = (staging / "trainer" / "__0_0.distcp").stat().st_ino
+    dest = store.commit_dir(build_with({"state.json": b"{}"}), tmp_path / "step-000001", "state.json",
+                            copy_from=(staging, ["trainer/__0_0.distcp"]), move=True)
+    moved = Path(dest) / "trainer" / "__0_0.distcp"
+    # Renamed, not written again: the same inode, and gone from staging.
+    assert moved.read_bytes() == b"shard" and moved.stat().st_ino == inode
+    assert not (staging / "trainer" / "__0_0.distcp").exists()
+
+
 def test_remove_dir_uncommits_first(root):
     store.commit_dir(build_with({"w.bin": b"x", "MARK": b"{}"}), join(root, "d1"), "MARK")
     store.remove_dir(store.child(root, "d1"), marker="MARK")

@@ -343,14 +343,16 @@ def test_train_rejects_non_finite_or_out_of_range_options(tmp_path, option, valu
     assert res.exit_code == 2 and option in res.output, res.output
 
 
-def test_save_checkpoint_refuses_non_finite_weights(tmp_path):
-    model = load_model(tiny_model_dir())
+def test_the_trainer_refuses_to_save_non_finite_weights(tmp_path):
+    from arlctl.rl import distributed as dd
+    from arlctl.rl.trainer_state import TrainerState
+
+    trainer = TrainerState.open(str(tmp_path / "c"), None, {"step": 0}, tiny_model_dir(), TrainConfig(), dd.Dist())
     with torch.no_grad():
-        next(model.parameters())[0, 0] = NAN
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    with pytest.raises(Exception, match="refusing to save step-000001: weight .* 1 NaN"):
-        ckpt.save_checkpoint(tmp_path / "c", 1, model, None, optimizer, scheduler, {"step": 1, "consumed_batches": []})
+        next(trainer.module.parameters()).view(-1)[0] = NAN
+    for full in (True, False):
+        with pytest.raises(Exception, match="refusing to save step-000001: weight .* 1 NaN"):
+            trainer.save(str(tmp_path / "c"), {"step": 1, "consumed_batches": []}, full=full)
     assert ckpt.latest_checkpoint(tmp_path / "c") is None and not (tmp_path / "c").exists()  # refused up front
 
 
