@@ -2,9 +2,11 @@
 
 With custom (JSON) tools, Llama 3.x answers a tool-using turn with nothing but a JSON object
 `{"name": ..., "parameters": {...}}`, sometimes after the `<|python_tag|>` token, and several calls as
-objects separated by `;` or newlines. A turn that does not open with `{` (after whitespace and the optional
-tag) is ordinary content: no calls and no errors, because Llama has no marker that says "this was meant to
-be a call". A turn that does open with `{` was meant as a call, so anything wrong in it (malformed JSON, no
+objects separated by `;` or newlines. A turn that does not open with `{` or the tag (after whitespace) is
+ordinary content: no calls and no errors, because Llama has no other marker that says "this was meant to
+be a call". The tag is such a marker: a tagged turn that is not JSON (Llama's built-in code interpreter,
+`<|python_tag|>print(1)`) calls a tool no arlctl env offers, so it is a ParseError that says so, never
+an answer. A turn that does open with `{` was meant as a call, so anything wrong in it (malformed JSON, no
 name, text after the calls) is a ParseError the model sees, with a correct example in this format.
 
 Tolerated: `arguments` as a synonym of `parameters`, either given as a JSON-encoded string, and an end-of-turn
@@ -37,10 +39,11 @@ def _call_body(text: str) -> tuple[str, int] | None:
         if body.rstrip().endswith(token):
             body = body.rstrip()[: -len(token)]
     start = len(body) - len(body.lstrip())
-    if body.startswith(PYTHON_TAG, start):
+    tagged = body.startswith(PYTHON_TAG, start)
+    if tagged:
         start += len(PYTHON_TAG)
         start += len(body[start:]) - len(body[start:].lstrip())
-    if not body.startswith("{", start):
+    if not body.startswith("{", start) and not tagged:
         return None
     return body, start
 
@@ -76,8 +79,17 @@ def parse_llama3_json(
     body, pos = found
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
+    if pos == len(body):  # the tag and nothing after it
+        return [], [ParseError(raw=body, message=f"<|python_tag|> with no tool call after it; for example:\n{_EXAMPLE}")]
     decoder = json.JSONDecoder()
     while pos < len(body):
+        if body[pos] != "{" and not calls and not errors:  # right after the tag: built-in tool code
+            errors.append(ParseError(
+                raw=body[pos:],
+                message="<|python_tag|> must be followed by JSON tool calls: built-in tools (the code interpreter) "
+                f"are not available here; call one of the listed tools, for example:\n{_EXAMPLE}",
+            ))
+            break
         if body[pos] != "{":
             errors.append(ParseError(
                 raw=body[pos:],

@@ -65,11 +65,19 @@ def test_llama3_arguments_as_json_string():
     "",
     "   \n",
     "Sure: {\"name\": \"calculator\", \"parameters\": {}}",  # a call not at the start is prose
-    "<|python_tag|>print('hi')",  # Llama's built-in code interpreter, not a JSON call
     "<|eot_id|>",
 ])
 def test_llama3_plain_content_has_no_calls_and_no_errors(text):
     assert parse_llama3_json(text, TOOLS) == ([], [])
+
+
+@pytest.mark.parametrize("text", ["<|python_tag|>print('hi')", "<|python_tag|>", " <|python_tag|> x = 1<|eom_id|>"])
+def test_llama3_python_tag_without_a_json_call_is_an_error_not_an_answer(text):
+    # The tag says "this is a tool call": built-in code-interpreter code is a call to a tool we do not offer.
+    calls, errors = parse_llama3_json(text, TOOLS)
+    assert calls == [] and len(errors) == 1
+    assert ("built-in tools" in errors[0].message or "no tool call" in errors[0].message)
+    assert '"parameters"' in errors[0].message
 
 
 def test_llama3_malformed_json_is_an_error_and_the_next_call_survives():
