@@ -162,9 +162,10 @@ def _failed_group(task: Any, policy: Policy, cfg: RolloutConfig, epoch: int, sta
         name = str(kept.get("env") or cfg.env)
         rows = [Trajectory(kept, group_id, i, name, policy, epoch).finish("env_error", "error")
                 for i in range(cfg.group_size)]
-    except Exception:
-        return []  # nothing sensible can be built; the cause is already counted
-    stats.outcomes["env_error"] = stats.outcomes.get("env_error", 0) + len(rows)
+    except Exception:  # nothing sensible can be built; the fault is counted, and so are its G trajectories
+        rows = []
+    # G failed trajectories either way: the error share (--max-error-frac) must see them even without rows.
+    stats.outcomes["env_error"] = stats.outcomes.get("env_error", 0) + cfg.group_size
     return rows
 
 

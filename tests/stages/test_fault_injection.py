@@ -213,3 +213,18 @@ def test_sink_failure_stops_the_rollout_and_is_raised(tiny):
     with pytest.raises(OSError, match="disk full"):
         asyncio.run(main())
     assert unhandled == []
+
+
+def test_a_group_that_cannot_even_be_recorded_still_counts_its_trajectories(tiny, monkeypatch):
+    """No rows can be built for it, yet its G trajectories are failures the --max-error-frac share must see."""
+    from arlctl.stages import rollout as stage
+
+    def unbuildable(*args, **kwargs):
+        raise ValueError("no row can be made of this task")
+
+    monkeypatch.setattr(stage, "Trajectory", unbuildable)
+    stats = Stats()
+    stats.outcomes["ok"] = 1  # one good trajectory elsewhere in the run
+    rows = stage._failed_group({"task_id": "t"}, tiny, RolloutConfig(env="fault", group_size=3), 0, stats)
+    assert rows == [] and stats.outcomes == {"ok": 1, "env_error": 3}
+    assert stats.error_fraction() == pytest.approx(3 / 4)
