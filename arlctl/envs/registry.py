@@ -66,8 +66,10 @@ SHARED_FACTORIES: dict[str, Callable[..., EnvFactory]] = {}
 REWARDS: dict[str, tuple[ScoreFn, str]] = {}  # name -> (score function, base version)
 SOURCES: dict[tuple[str, str], Source] = {}  # (what, name) -> source of plugins loaded in this process
 # Modules that register an env, its reward and its builtin task source when imported (on first use).
-PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy", "reasoning-gym": "arlctl.envs.reasoning_gym",
-             "code": "arlctl.envs.code"}
+PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy", "two-first-tokens": "arlctl.envs.toy",
+             "reasoning-gym": "arlctl.envs.reasoning_gym", "code": "arlctl.envs.code"}
+# Rewards with no env of their name (model-based rewards): name -> module that registers it.
+REWARD_PROVIDERS = {"judge": "arlctl.rewards.judge", "genrm": "arlctl.rewards.genrm"}
 # Families of envs named `FAMILY:MEMBER`: family -> module whose import calls register_family.
 FAMILIES = {"textarena": "arlctl.envs.textarena"}
 # family -> function(member) that registers the env (and its reward) named "FAMILY:MEMBER", or raises UsageError
@@ -112,9 +114,10 @@ def import_provider(name: str, table: dict[str, Any], what: str) -> None:
                                  hint=f"install the {family} package into this environment") from None
         FAMILY_MEMBERS[family](name.partition(":")[2])
         return
-    if name not in table and name in PROVIDERS:
+    module = PROVIDERS.get(name) or (REWARD_PROVIDERS.get(name) if table is REWARDS else None)
+    if name not in table and module is not None:
         try:
-            importlib.import_module(PROVIDERS[name])
+            importlib.import_module(module)
         except ImportError as exc:
             raise UsageError(f"{what} {name!r} is not available: {exc}") from None
 
@@ -127,7 +130,8 @@ def is_spec(name: str) -> bool:
 def builtin_names(what: str) -> set[str]:
     """Names built into arlctl, whether or not their module is imported yet."""
     table, _ = _PLUGIN_TABLES[what]
-    return {name for name in set(table) | set(PROVIDERS) if (what, name) not in SOURCES}
+    providers = set(PROVIDERS) | (set(REWARD_PROVIDERS) if what == "reward" else set())
+    return {name for name in set(table) | providers if (what, name) not in SOURCES and family_of(name) is None}
 
 
 def _ensure(name: str, table: dict[str, Any], what: str) -> None:
@@ -330,12 +334,15 @@ def catalog(what: str) -> list[dict[str, Any]]:
         try:
             import_provider(name, table, what)
         except UsageError as exc:
-            entry.update(module=PROVIDERS[name], error=str(exc))
+            entry.update(module=PROVIDERS.get(name) or REWARD_PROVIDERS.get(name), error=str(exc))
         if name in table:
             obj = table[name][0] if what == "reward" else table[name]
             entry["module"] = obj.__module__
             entry["version"] = table[name][1] if what == "reward" else ENV_VERSIONS.get(name)
         entries.append(entry)
+    for family, module in sorted(FAMILIES.items()):  # one line per family: its members are made on demand
+        entries.append({"name": f"{family}:GAME", "source": "builtin", "module": module,
+                        "note": f"a family: --{what} {family}:<member>"})
     builtins = builtin_names(what)
     for name, claims in sorted(entry_points(group).items()):
         for point, dist, version in claims:

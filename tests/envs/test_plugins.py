@@ -7,6 +7,7 @@ The package is uninstalled when the module's tests end, so the venv is left as i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -121,8 +122,8 @@ def test_envs_lists_plugins_with_their_source(plugin):
 
     human = arlctl("envs")
     assert human.returncode == 0, human.stderr
-    assert f"reverse       entry point of {DIST} 0.3.1: mypkg.env:make\n" in human.stderr
-    assert f"math          entry point of {DIST} 0.3.1: mypkg.env:make  -- shadowed" in human.stderr
+    assert re.search(rf"\n  reverse +entry point of {DIST} 0.3.1: mypkg.env:make\n", human.stderr)
+    assert re.search(rf"\n  math +entry point of {DIST} 0.3.1: mypkg.env:make  -- shadowed", human.stderr)
 
 
 def test_builtin_wins_over_a_plugin_of_the_same_name(plugin):
