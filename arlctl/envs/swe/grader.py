@@ -26,9 +26,16 @@
    agree with the session record) and the absence of tamper records (patched pytest/unittest/builtins,
    changed test files).
 
+6. In-process mode also runs pytest with -rA and brings back the log's status lines: reward_info.swebench
+   holds SWE-bench's official verdict computed from that log and from the signed outcomes
+   (swebench_logs.py), and reward_info.log_disagrees flags a log that says otherwise. The log is never
+   the authority: the tested process writes it, and code under test can print "PASSED <id>" lines.
+
 reward = 1 only if every FAIL_TO_PASS and PASS_TO_PASS id passed (in probe mode: recorded exactly its
-expected checks; in-process: setup, call and teardown passed and the exit code is 0) and nothing was
-tampered with; ids missing from the results count as failed. Components: f2p (fraction of FAIL_TO_PASS
+expected checks; in-process: setup, call and teardown passed, and pytest exited 0, or 1 because some
+other test failed, which SWE-bench ignores too) and nothing was tampered with; ids missing from the
+results count as failed. XFAIL and SKIPPED are not passes here (SWE-bench counts XFAIL, and a skipped
+PASS_TO_PASS test): the policy's code can produce both with pytest.xfail() / pytest.skip(). Components: f2p (fraction of FAIL_TO_PASS
 passed), p2p, tests_passed. Residual risk of in-process mode, stated plainly: the model's code shares the
 pytest process, so code written against this harness can reach the plugin's state; the scan of step 1
 and the audit hook make that hard, but only probe mode makes it impossible. docs/security.md has the
@@ -50,20 +57,30 @@ from arlctl.envs.swe.diffs import filter_diff, paths_in
 from arlctl.envs.swe.env import diff_truncation
 from arlctl.envs.swe.probes import PROBE_MODULE, verdicts
 from arlctl.envs.swe.scan import scan_diff
-from arlctl.envs.swe.tasks import image_of, prepare_snapshot, sandbox_options, test_files, test_ids
+from arlctl.envs.swe.swebench_logs import cross_check, parser_for
+from arlctl.envs.swe.tasks import (
+    check_task,
+    image_of,
+    prepare_snapshot,
+    sandbox_options,
+    test_files,
+    test_ids,
+)
 from arlctl.errors import UsageError
 from arlctl.sandbox.base import Sandbox
 from arlctl.sandbox.scrub import scrub_log
 
-REWARD_VERSION = "swe-1"
+REWARD_VERSION = "swe-2"  # 2: pytest exit code 1 (a test outside both lists failed) scores, as in SWE-bench
 HARNESS_DIR = Path(__file__).with_name("harness")
 # snapshot directory (+ the task's backend options, image tasks only) -> a started sandbox
 SandboxFactory = Callable[..., Awaitable[Sandbox]]
 
 
-def _pytest_args(task: dict[str, Any], workdir: str) -> list[str]:
+def _pytest_args(task: dict[str, Any], workdir: str, mode: str) -> list[str]:
+    # In-process mode adds -rA: the short summary SWE-bench's harness grades, for the log cross-check.
+    summary = ["-rA"] if mode == "inprocess" else []
     return [*test_files(task), "-p", "no:cacheprovider", "--noconftest", "-c", "/dev/null", "--rootdir",
-            workdir, "--import-mode=append", "-q", "--tb=short", "-o", "console_output_style=classic"]
+            workdir, "--import-mode=append", "-q", *summary, "--tb=short", "-o", "console_output_style=classic"]
 
 
 def grading_mode(task: dict[str, Any]) -> str:
@@ -83,8 +100,8 @@ def _bundle(task: dict[str, Any], diff: str, workdir: str, key: str, marker: str
         "mode": mode, "workdir": workdir, "harness_dir": f"/tmp/arlctl-grade-{nonce}", "plugin_module": module,
         "plugin_source": (HARNESS_DIR / plugin).read_text(encoding="utf-8"), "diff": diff,
         "test_patch": test_patch, "test_paths": paths_in(test_patch), "test_files": test_files(task),
-        "pytest_args": _pytest_args(task, workdir), "key": key, "marker": marker, "timeout": timeout,
-        "allow_subprocess": allow_subprocess,
+        "pytest_args": _pytest_args(task, workdir, mode), "key": key, "marker": marker, "timeout": timeout,
+        "allow_subprocess": allow_subprocess, "capture_log": mode == "inprocess",
     }
 
 
@@ -115,7 +132,8 @@ def verify_records(text: str, key: bytes) -> tuple[list[dict[str, Any]], str | N
 
 
 def outcomes_from(records: list[dict[str, Any]]) -> dict[str, str]:
-    """nodeid -> passed | failed | error | skipped | xfail. Passed needs a passed call and no bad phase."""
+    """nodeid -> passed | failed | error | skipped | xfail | xpass. Passed needs a passed call and no bad
+    phase; xpass is a non-strict xfail test that passed (SWE-bench has no status for it)."""
     phases: dict[str, dict[str, str]] = {}
     for record in records:
         if record["kind"] == "report":
@@ -132,6 +150,8 @@ def outcomes_from(records: list[dict[str, Any]]) -> dict[str, str]:
             outcome[nodeid] = "failed"
         elif "skipped" in seen.values() or "xfail" in seen.values():
             outcome[nodeid] = "xfail" if "xfail" in seen.values() else "skipped"
+        elif seen.get("call") == "xpass":
+            outcome[nodeid] = "xpass"
         else:
             outcome[nodeid] = "error"  # never reached its call phase
     return outcome
@@ -162,7 +182,9 @@ def score_report(task: dict[str, Any], report: dict[str, Any], key: bytes) -> tu
     p2p_frac = sum(outcomes.get(i) == "passed" for i in p2p) / max(len(p2p), 1)
     if not trusted:  # nothing from a run that was tampered with or did not finish is believed
         f2p_frac = p2p_frac = 0.0
-    reward = 1.0 if trusted and report.get("exit_code") == 0 and not failed and f2p else 0.0
+    # Exit code 1 (some test outside FAIL_TO_PASS / PASS_TO_PASS failed) is fine, as in SWE-bench; any other
+    # non-zero code (interrupted, internal or usage error) is a run that did not go as pytest reported.
+    reward = 1.0 if trusted and report.get("exit_code") in (0, 1) and not failed and f2p else 0.0
     info.update(trusted=bool(trusted), passed=passed, failed=failed,
                 missing=sorted(i for i in f2p + p2p if i not in outcomes),
                 outcomes={i: outcomes.get(i, "missing") for i in f2p + p2p})
@@ -186,6 +208,20 @@ def score_probes(task: dict[str, Any], report: dict[str, Any]) -> tuple[float, d
     info.update(trusted=trusted, passed=passed, failed=failed,
                 missing=sorted(i for i in f2p + p2p if outcomes.get(i) == "missing"), outcomes=outcomes)
     return reward, {"f2p": f2p_frac, "p2p": p2p_frac, "tests_passed": reward}, info
+
+
+def _swebench_verdicts(task: dict[str, Any], report: dict[str, Any], key: bytes, trusted: bool) -> dict[str, Any]:
+    """SWE-bench's official verdict from the signed outcomes and from pytest's -rA log (swebench_logs).
+
+    For comparison only: the log is written by the process that runs the policy's code, which can print
+    any "PASSED <id>" line it likes, so the reward never reads it. An untrusted run's outcomes are not
+    believed here either."""
+    records, _ = verify_records(report.get("results", ""), key)
+    outcomes = outcomes_from(records) if trusted else {}
+    check = cross_check(outcomes, report.get("status_lines") or "", test_ids(task, "FAIL_TO_PASS"),
+                        test_ids(task, "PASS_TO_PASS"), parser=parser_for(task), exit_code=report.get("exit_code"))
+    check["log_truncated"] = bool(report.get("status_lines_truncated"))
+    return check
 
 
 def _not_run(task: dict[str, Any], started: float, tamper: list, kept: list, why: str,
@@ -213,6 +249,7 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
     the tests could not run at all (no report from the sandbox, pytest missing or not starting, the
     hidden tests not applying): an infrastructure failure is never a 0 for the policy."""
     started = time.monotonic()
+    check_task(task)  # a bad row (FAIL_TO_PASS not JSON, ...) is a BadTaskRow naming it: null, not 0
     cut = diff_truncation(diff)
     if cut is not None:  # a cut diff is not the agent's change: not applied, scored 0 (the policy's doing)
         return _not_run(task, started, [], [], f"diff truncated: kept {cut[0]} of {cut[1] or 'unknown'} bytes; "
@@ -236,11 +273,17 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
     report: dict[str, Any] = {"apply_ok": False, "results": ""}
     lines = [line for line in result.stdout.splitlines() if line.startswith(marker)]
     if lines:
-        report = json.loads(lines[-1][len(marker) :])
+        try:
+            report = json.loads(lines[-1][len(marker) :])
+        except ValueError:  # cut at the sandbox's output cap: no report, so no verdict (below)
+            lines = []
     if grading_mode(task) == "probe":
         reward, components, info = score_probes(task, report)
     else:
         reward, components, info = score_report(task, report, key)
+        if "status_lines" in report:
+            info["swebench"] = _swebench_verdicts(task, report, key, info["trusted"])
+            info["log_disagrees"] = not info["swebench"]["agree"]
     workdir = sandbox.workdir
     if not lines:
         info["results_error"] = ("grading driver produced no report (exit "

@@ -1,7 +1,9 @@
-"""A scripted Policy for `--policy oracle:gold`: applies each swe task's gold patch through the tools.
+"""Scripted Policies for swe: `--policy oracle:gold` applies each task's gold patch through the tools;
+`--policy oracle:empty` submits the repository untouched (SWE-bench's empty-patch check: reward 0).
 
 It proves the swe pipeline end to end (rollout -> reward must give 1.0 on every built-in task) without a
-model. Each generate call decodes the prompt, finds the task from the "(task <instance_id>)" line the
+model. The gold patch is the task row's own `patch` (a SWE-bench row from --tasks), else the built-in
+suite's task of that instance_id. Each generate call decodes the prompt, finds the task from the "(task <instance_id>)" line the
 swe env writes into the first user message, and answers with one hermes tool call per turn: an
 edit_file per hunk of the gold patch (create_file for new files, bash rm for deleted ones), then
 run_tests, then submit. The turn number is read from the prompt (how many calls it already holds), so
@@ -98,6 +100,7 @@ class OraclePolicy:
 
     def __init__(self, tokenizer: Any, tasks: dict[str, dict[str, Any]] | None = None, name: str = "oracle:gold"):
         self.tokenizer, self.name, self.version = tokenizer, name, 0
+        self.submit_only = name == "oracle:empty"
         self.tasks = dict(tasks or {})
         closing = ChatCodec(tokenizer).closing
         # The template's end-of-message token (e.g. <|im_end|>), so each turn ends as a model's would.
@@ -118,6 +121,8 @@ class OraclePolicy:
         match = _TASK_RE.search(prompt)
         if match is None:
             raise UsageError("oracle:gold works only with --env swe prompts (no '(task ID)' line found)")
+        if self.submit_only:
+            return render_calls([{"name": "submit", "arguments": {}}])
         task = self._task(match.group(1))
         plan = [*gold_tool_calls(task["patch"], self._originals(task)), {"name": "run_tests", "arguments": {}},
                 {"name": "submit", "arguments": {}}]
@@ -149,8 +154,9 @@ class OraclePolicy:
 
 
 def load_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]] | None = None) -> OraclePolicy:
-    """`oracle:gold` -> an OraclePolicy; tasks (e.g. from a JSONL file) override the built-in suite."""
-    if spec != "oracle:gold":
-        raise UsageError(f"unknown oracle policy {spec!r}", hint="the scripted policy is oracle:gold")
+    """`oracle:gold` / `oracle:empty` -> an OraclePolicy; tasks (e.g. from a JSONL file) override the
+    built-in suite."""
+    if spec not in ("oracle:gold", "oracle:empty"):
+        raise UsageError(f"unknown oracle policy {spec!r}", hint="the scripted policies are oracle:gold and oracle:empty")
     by_id = {str(t.get("instance_id") or t["task_id"]): t for t in tasks or [] if t.get("patch")}
-    return OraclePolicy(tokenizer, by_id)
+    return OraclePolicy(tokenizer, by_id, name=spec)

@@ -3,15 +3,21 @@
     builtin:swe                 the 42 built-in tasks
     builtin:swe?n=5&start=10    a slice of them
     builtin:swe?ids=a,b         named instances
-    tasks.jsonl                 SWE-bench fields + `repo_snapshot` (a directory or .tar/.tar.gz) or `image`
+    tasks.jsonl|.parquet        SWE-bench / SWE-Gym rows + `repo_snapshot` (a directory or .tar/.tar.gz),
+                                `repo_path` (a git repository, exported at `base_commit`) or `image`
+
+A SWE-bench row (instance_id, repo, base_commit, problem_statement, patch, test_patch, FAIL_TO_PASS,
+PASS_TO_PASS; the two lists as JSON strings, as the datasets store them, or as lists) needs nothing
+more: the grader applies test_patch in its own sandbox and runs the files of the listed pytest ids.
+`check_task` refuses a row it could not grade (BadTaskRow, naming the row) before anything is built.
 
 A snapshot is what the policy's sandbox starts from: the task's files at the buggy state in a git
 repository with exactly one commit, so there is no history to mine (no future commits, no gold patch,
 no hidden tests). `prepare_snapshot` builds it once per content hash under $ARLCTL_HOME/swe/snapshots.
 
-A task file may be hostile, so `repo_snapshot` is read only from allowed bases: a built-in task's
-`repo/`, the snapshot cache, and directories the user lists in $ARLCTL_SNAPSHOT_BASES (separated by
-`:`). The path is resolved (every symlink followed) before it is checked, so a link out of a base is
+A task file may be hostile, so `repo_snapshot` and `repo_path` are read only from allowed bases: a
+built-in task's `repo/`, the snapshot cache, and directories the user lists in $ARLCTL_SNAPSHOT_BASES
+(separated by `:`). The path is resolved (every symlink followed) before it is checked, so a link out of a base is
 refused like any other path; links inside a snapshot are copied as links, never read through. A refusal
 is a `SnapshotRefused` (a TerminalError of that row): one line, raised before anything at that path
 is opened.
@@ -37,6 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from arlctl.envs.swe.swebench_logs import PARSERS
 from arlctl.envs.tasks import int_option, register_task_source, reject_unknown_options
 from arlctl.errors import TerminalError, UsageError
 
@@ -110,15 +117,16 @@ def _in_builtin_repo(path: str) -> bool:
     return len(parts) >= 2 and parts[1] == "repo"
 
 
-def resolve_snapshot_ref(task: dict[str, Any]) -> Path:
-    """The allowed, resolved path a task's repo_snapshot names; SnapshotRefused for any other."""
-    ref, task_id = task.get("repo_snapshot"), task.get("task_id") or task.get("instance_id")
+def resolve_snapshot_ref(task: dict[str, Any], field: str = "repo_snapshot") -> Path:
+    """The allowed, resolved path a task's repo_snapshot (or repo_path) names; SnapshotRefused for any other."""
+    ref, task_id = task.get(field), task.get("task_id") or task.get("instance_id")
     if not ref:
         raise SnapshotRefused(f"swe task {task_id!r} has no repo_snapshot",
-                         hint="give a directory or tarball path, or use the docker sandbox with `image`")
+                              hint="give a directory or tarball path, a git repository as repo_path with "
+                                   "base_commit, or use the docker sandbox with `image`")
     if not isinstance(ref, str) or "\0" in ref:
-        raise SnapshotRefused(f"swe task {task_id!r}: repo_snapshot must be a path string")
-    if ref.startswith("builtin:"):
+        raise SnapshotRefused(f"swe task {task_id!r}: {field} must be a path string")
+    if ref.startswith("builtin:") and field == "repo_snapshot":
         name = ref[len("builtin:") :]
         if name not in suite_ids():
             raise SnapshotRefused(f"swe task {task_id!r}: no built-in snapshot {name!r}")
@@ -128,7 +136,7 @@ def resolve_snapshot_ref(task: dict[str, Any]) -> Path:
         return Path(path)
     shown = ref if path == ref else f"{ref} (resolving to {path})"
     raise SnapshotRefused(
-        f"swe task {task_id!r}: repo_snapshot {shown} is outside the allowed snapshot bases",
+        f"swe task {task_id!r}: {field} {shown} is outside the allowed snapshot bases",
         hint=f"add its directory to ${SNAPSHOT_BASES_ENV} (':'-separated) if the task file is trusted")
 
 
@@ -177,9 +185,13 @@ def snapshot_root() -> Path:
 
 def prepare_snapshot(task: dict[str, Any]) -> str:
     """Path of the task's one-commit git snapshot, built once (atomically) per content hash
-    (per image id for image tasks)."""
+    (per image id for image tasks, per tree id for repo_path tasks). The task is checked first
+    (check_task): a bad row is a BadTaskRow naming it, before anything is built."""
+    check_task(task)
     if image_of(task):
         return prepare_image_snapshot(task)
+    if task.get("repo_path") and not task.get("repo_snapshot"):
+        return prepare_repo_snapshot(task)
     with tempfile.TemporaryDirectory() as scratch:
         src = _source_dir(task, Path(scratch))
         name = f"{task.get('instance_id') or task.get('task_id')}-{_tree_hash(src)}".replace("/", "_")
@@ -211,11 +223,101 @@ def _build_snapshot(src: Path, name: str) -> str:
     return str(target)
 
 
+# ---- repository tasks (SWE-bench rows over a local git repository) --------------------------------------
+
+_GIT_READ = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*"]
+_MODES = {"100644": 0o644, "100755": 0o755}
+
+
+def _git_read(repo: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*_GIT_READ, "-C", str(repo), *args], env=_GIT_ENV, input=stdin, capture_output=True)
+
+
+def prepare_repo_snapshot(task: dict[str, Any]) -> str:
+    """A one-commit snapshot of `repo_path` (a git repository in an allowed base) at `base_commit`.
+
+    Only the base commit's tree is exported, blob by blob (`git cat-file`, so no filter, attribute or
+    hook of the repository runs and nothing of the working tree, the index or other commits is read): the
+    policy sees the buggy files and no history, so neither the fix nor test_patch's tests, even when the
+    repository holds them in later commits. Built once per tree id."""
+    repo = resolve_snapshot_ref(task, "repo_path")
+    base = task.get("base_commit")
+    if not isinstance(base, str) or not base.strip() or base.startswith("-") or any(c.isspace() for c in base):
+        raise BadTaskRow(f"swe task {_row_name(task)} has repo_path but no usable base_commit ({base!r})",
+                         hint="base_commit names the commit the task starts from (a sha)")
+    _check_git_dir(repo, task)
+    tree = _git_read(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{base}^{{tree}}")
+    if tree.returncode != 0:
+        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} has no commit {base!r}",
+                         hint="fetch the commit into the repository, or fix base_commit")
+    tree_id = tree.stdout.decode().strip()
+    name = f"{task.get('instance_id') or task.get('task_id')}-git-{tree_id[:16]}".replace("/", "_")
+    if (snapshot_root() / name / ".git" / "HEAD").is_file():
+        return str(snapshot_root() / name)
+    with tempfile.TemporaryDirectory() as scratch:
+        _export_tree(repo, tree_id, Path(scratch), _row_name(task))
+        return _build_snapshot(Path(scratch), name)
+
+
+def _check_git_dir(repo: Path, task: dict[str, Any]) -> None:
+    """The repository's git directory must lie inside repo_path itself: git would otherwise find one in a
+    parent directory (or follow a `.git` file) outside the allowed base and export that repository."""
+    probe = _git_read(repo, "rev-parse", "--absolute-git-dir")
+    if probe.returncode != 0:
+        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a usable git repository "
+                         f"({probe.stderr.decode().strip()[-200:]})")
+    git_dir = os.path.realpath(probe.stdout.decode().strip())
+    if not _within(git_dir, repo):
+        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a git repository of its own "
+                         f"(its git directory is {git_dir})", hint="give the repository's top directory")
+
+
+def _export_tree(repo: Path, tree_id: str, dst: Path, row: str) -> None:
+    """Write the files of one tree into dst: exact blob bytes, executable bits, links as links."""
+    listing = _git_read(repo, "ls-tree", "-r", "-z", "--full-tree", tree_id)
+    if listing.returncode != 0:
+        raise BadTaskRow(f"swe task {row}: cannot list tree {tree_id[:12]}: {listing.stderr.decode()[-300:]}")
+    entries = []
+    for entry in listing.stdout.split(b"\0"):
+        if not entry:
+            continue
+        meta, _, raw_path = entry.partition(b"\t")
+        mode, kind, sha = meta.decode().split()
+        path = raw_path.decode("utf-8", "surrogateescape")
+        parts = path.split("/")
+        # A crafted tree may name "..", ".git" or an absolute path; git would refuse to check it out.
+        if path.startswith("/") or any(p in ("", ".", "..") or p.lower() == ".git" for p in parts):
+            raise BadTaskRow(f"swe task {row}: the base commit holds an unsafe path {path!r}")
+        if kind == "blob":
+            entries.append((mode, sha, path))
+        elif kind == "commit":  # a submodule: its files are not in this repository; leave it empty
+            (dst / path).mkdir(parents=True, exist_ok=True)
+    blobs = _git_read(repo, "cat-file", "--batch", stdin="".join(f"{sha}\n" for _, sha, _ in entries).encode())
+    if blobs.returncode != 0:
+        raise BadTaskRow(f"swe task {row}: cannot read blobs: {blobs.stderr.decode()[-300:]}")
+    out, offset = blobs.stdout, 0
+    for mode, sha, path in entries:
+        header_end = out.index(b"\n", offset)
+        header = out[offset:header_end].decode().split()  # "<sha> blob <size>"
+        if header[:2] != [sha, "blob"]:
+            raise BadTaskRow(f"swe task {row}: blob {sha[:12]} of {path!r} cannot be read ({' '.join(header)})")
+        size = int(header[2])
+        content = out[header_end + 1 : header_end + 1 + size]
+        offset = header_end + 1 + size + 1  # the content is followed by one newline
+        target = dst / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if mode == "120000":
+            os.symlink(os.fsdecode(content), target)
+        else:
+            target.write_bytes(content)
+            os.chmod(target, _MODES.get(mode, 0o644))
+
+
 # ---- image tasks (docker only) -------------------------------------------------------------------------
 
 def image_of(task: dict[str, Any]) -> str | None:
-    """The docker image a task is given by, when it has no snapshot of its own."""
-    return None if task.get("repo_snapshot") else (task.get("image") or None)
+    """The docker image a task is given by, when it has no snapshot (or repository) of its own."""
+    return None if task.get("repo_snapshot") or task.get("repo_path") else (task.get("image") or None)
 
 
 def repo_dir(task: dict[str, Any]) -> str:
@@ -336,12 +438,56 @@ def test_files(task: dict[str, Any]) -> list[str]:
     return sorted({i.split("::")[0] for i in ids})
 
 
-def _as_list(value: Any) -> list[str]:
-    # SWE-bench files store FAIL_TO_PASS as a JSON string holding a list.
-    if isinstance(value, str):
-        return list(json.loads(value))
-    return list(value)
+class BadTaskRow(TerminalError):
+    """A swe task row that cannot be run or graded as written (FAIL_TO_PASS that is not JSON, a test id
+    pytest cannot be given, a base_commit the repository lacks). Like SnapshotRefused it is the row's own
+    fault: the rollout ends that row as env_error and the reward stage scores it null with this cause."""
 
 
 def test_ids(task: dict[str, Any], key: str) -> list[str]:
-    return _as_list(task.get(key) or [])
+    """FAIL_TO_PASS or PASS_TO_PASS as a list: SWE-bench files store it as a JSON string holding a list,
+    the `datasets` library as that string too, hand-written files as a list."""
+    value = task.get(key)
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise BadTaskRow(f"swe task {_row_name(task)}: {key} is not valid JSON ({err})",
+                             hint=f'{key} is a list of pytest ids, or a JSON string of one: \'["tests/t.py::test_x"]\'') from None
+    if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
+        raise BadTaskRow(f"swe task {_row_name(task)}: {key} must be a list of test id strings, "
+                         f"got {json.dumps(value)[:80]}")
+    return list(value)
+
+
+def _row_name(task: dict[str, Any]) -> str:
+    return repr(task.get("task_id") or task.get("instance_id") or "<no id>")
+
+
+def check_task(task: dict[str, Any]) -> None:
+    """Raise BadTaskRow for a row the grader could not grade: FAIL_TO_PASS / PASS_TO_PASS not lists of
+    pytest node ids (`path/to/test_file.py::name`, a relative path: the file becomes a pytest argument,
+    so `-p x` or `/etc/x` is refused), an empty FAIL_TO_PASS (nothing could ever score 1), or a
+    test_patch / patch that is not text. Checked before a snapshot is built and before grading."""
+    fail_to_pass = test_ids(task, "FAIL_TO_PASS")
+    if not fail_to_pass:
+        raise BadTaskRow(f"swe task {_row_name(task)} has no FAIL_TO_PASS tests",
+                         hint="every row needs the tests its fix must make pass")
+    for key, ids in (("FAIL_TO_PASS", fail_to_pass), ("PASS_TO_PASS", test_ids(task, "PASS_TO_PASS"))):
+        for node in ids:
+            path = node.split("::")[0]
+            parts = path.split("/")
+            if ("::" not in node or not path.endswith(".py") or path.startswith(("-", "/")) or "\0" in node
+                    or any(part in ("", ".", "..") for part in parts)):
+                raise BadTaskRow(f"swe task {_row_name(task)}: {key} id {node!r} is not a pytest node id "
+                                 "(relative/path/test_file.py::test_name)",
+                                 hint="arlctl grades rows whose tests run under pytest")
+    if task.get("log_parser") is not None and task["log_parser"] not in PARSERS:
+        raise BadTaskRow(f"swe task {_row_name(task)}: unknown log_parser {task['log_parser']!r}",
+                         hint=f"one of {', '.join(PARSERS)}")
+    for key in ("test_patch", "patch"):
+        if key in task and not isinstance(task[key], str):
+            raise BadTaskRow(f"swe task {_row_name(task)}: {key} must be a diff string, "
+                             f"got {type(task[key]).__name__}")

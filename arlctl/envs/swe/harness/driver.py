@@ -7,17 +7,26 @@ runs pytest in a child process with one of two plugins:
   recorder (harness/probe.py) writes the checked values to a file, and the host compares them;
 - in-process mode (SWE-bench rows, image tasks): the HMAC plugin (harness/plugin.py) receives the
   per-run secret through a pipe (never argv, env or a file) and authenticates pytest's own outcomes.
-It prints one line `<marker><json>` with the pytest exit code and the raw results; the host judges
-them. The marker is secret too, so output written by model code cannot pass for the driver's. Stdlib only.
+It prints one line `<marker><json>` with the pytest exit code and the raw results (in-process mode: also
+the status lines of pytest's `-rA` log, for the host's SWE-bench cross-check); the host judges them. The marker is secret too, so output written by model code cannot pass for the driver's. Stdlib only.
 """
 
+import collections
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+
+# The pytest log's status lines come back for the SWE-bench cross-check (swebench_logs.py): at most this
+# many characters once JSON-escaped, so the report line stays well inside the sandbox's 1 MiB output cap.
+STATUS_LINES_LIMIT = 128_000
+_STATUS_WORDS = (b"PASSED", b"FAILED", b"SKIPPED", b"ERROR", b"XFAIL", b"XPASS")
+_COLOUR = re.compile(rb"\[(\d+)m")
+_CONTROL = bytes(range(1, 32))
 
 
 def _no_peeking():
@@ -118,6 +127,30 @@ def _run_pytest(bundle, hdir, key_setup):
     return code, timed_out, log_tail, started
 
 
+def _status_lines(log_path):
+    """(text, truncated): the log's lines that hold a status word once colour codes and control
+    characters are removed, in order. SWE-bench's pytest parsers read no other line, so parsing these
+    gives what parsing the whole log would. Only the last whole lines that fit STATUS_LINES_LIMIT
+    (JSON-escaped) are kept; memory stays bounded however long the log is."""
+    kept, size, cut = collections.deque(), 0, False
+    with open(log_path, "rb") as handle:
+        while True:
+            raw = handle.readline(1 << 20)  # split at b"\n" only, as the parsers split; a huge line in parts
+            if not raw:
+                break
+            clean = _COLOUR.sub(b"", raw).translate(None, _CONTROL)
+            if any(word in clean for word in _STATUS_WORDS):
+                kept.append(raw.decode("utf-8", "replace"))
+                size += len(kept[-1])
+                while size > STATUS_LINES_LIMIT:
+                    size -= len(kept.popleft())
+                    cut = True
+    while kept and len(json.dumps("".join(kept))) > STATUS_LINES_LIMIT:  # escaping lengthens non-ASCII text
+        kept.popleft()
+        cut = True
+    return "".join(kept), cut
+
+
 def main():
     bundle = json.loads(sys.stdin.read())
     _no_peeking()
@@ -151,6 +184,9 @@ def main():
                      "protected": protected, "allow_subprocess": bundle["allow_subprocess"]}
             code, timed_out, log_tail, started = _run_pytest(bundle, hdir, setup)
             report.update(exit_code=code, timed_out=timed_out, log_tail=log_tail, started=started)
+            if bundle.get("capture_log"):
+                report["status_lines"], report["status_lines_truncated"] = _status_lines(
+                    os.path.join(hdir, "pytest.log"))
             if os.path.exists(results):
                 with open(results, encoding="utf-8", errors="replace") as handle:
                     report["results"] = handle.read(4_000_000)

@@ -160,8 +160,8 @@ def pytest_runtest_logreport(report):
             _STATE["tampered"].add(name)
             _emit("tamper", what="patched", name=name)
     outcome = report.outcome
-    if getattr(report, "wasxfail", None) is not None:
-        outcome = "xfail"
+    if getattr(report, "wasxfail", None) is not None:  # xfail marker or pytest.xfail(): failed as expected,
+        outcome = "xpass" if outcome == "passed" else "xfail"  # or passed anyway (non-strict)
     _emit("report", nodeid=report.nodeid, when=report.when, outcome=outcome, tampered=bool(changed))
 
 
