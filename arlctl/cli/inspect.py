@@ -12,7 +12,7 @@ from arlctl.cli.query import gather_shards
 from arlctl.io.duck import VIEW, connect
 from arlctl.stats import inspect_stats
 
-HELP = """Summarise shards: rows, groups, statuses, rewards, advantages, policy versions and lag, token statistics, the generation/environment time split, broken down per env.
+HELP = """Summarise shards: rows, groups, statuses, rewards, advantages, policy versions and lag, token statistics, the generation/environment time split, broken down per env, and per dataset for tasks that name one (reasoning-gym).
 
   arlctl inspect RUN/rewarded
 
@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         stats = inspect_stats(con)
         stats["shards"] = len(shards)
         stats["by_env"] = by_env(con)
+        stats["by_dataset"] = by_dataset(con)
         if as_json:
             print_json(stats)
             return
@@ -64,6 +65,28 @@ def by_env(con: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def by_dataset(con: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per env, per the `dataset` its tasks name (reasoning-gym tasks do): rows, trajectories, rewarded
+    trajectories and their mean reward (None when none is rewarded). {} when no task names a dataset.
+
+    Counted per trajectory, as by_env is; a row whose task is not JSON has no dataset.
+    """
+    found = con.execute(f"""
+        with r as (select env, trajectory_id, reward,
+                          case when json_valid(task) then json_extract_string(task, '$.dataset') end as dataset
+                   from {VIEW}),
+             t as (select env, dataset, trajectory_id, max(reward) as reward, count(*) as rows
+                   from r where dataset is not null group by env, dataset, trajectory_id)
+        select env, dataset, sum(rows)::bigint, count(*), count(reward), avg(reward)
+        from t group by env, dataset order by env, dataset""").fetchall()
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for env, dataset, rows, n_traj, rewarded, mean_reward in found:
+        out.setdefault(str(env), {})[str(dataset)] = {
+            "rows": int(rows), "trajectories": int(n_traj), "rewarded": int(rewarded),
+            "mean_reward": None if mean_reward is None else round(float(mean_reward), 4)}
+    return out
+
+
 def _kv_table(title: str, data: dict[str, Any]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -92,6 +115,8 @@ def _render(stats: dict[str, Any]) -> None:
         console.print(table)
     if len(stats["by_env"]) > 1:
         console.print(_by_env_table(stats["by_env"]))
+    if stats["by_dataset"]:
+        console.print(_by_dataset_table(stats["by_dataset"]))
 
 
 def _by_env_table(envs: dict[str, dict[str, Any]]) -> Table:
@@ -102,4 +127,14 @@ def _by_env_table(envs: dict[str, dict[str, Any]]) -> Table:
         reward = "-" if info["mean_reward"] is None else f"{info['mean_reward']:.3f} ({info['rewarded']})"
         table.add_row(plain(env), str(info["rows"]), str(info["groups"]), plain(status), reward,
                       "-" if info["mean_turns"] is None else f"{info['mean_turns']:.2f}")
+    return table
+
+
+def _by_dataset_table(envs: dict[str, dict[str, dict[str, Any]]]) -> Table:
+    table = Table("env", "dataset", "trajectories", "rewarded", "mean reward", title="by dataset",
+                  title_justify="left")
+    for env, datasets in envs.items():
+        for dataset, info in datasets.items():
+            reward = "-" if info["mean_reward"] is None else f"{info['mean_reward']:.3f}"
+            table.add_row(plain(env), plain(dataset), str(info["trajectories"]), str(info["rewarded"]), reward)
     return table
