@@ -46,6 +46,7 @@ class Turn:
     env_latency_s: float = 0.0
     reward_step: float | None = None
     error: str | None = None
+    advantage: float | None = None  # schema v2: written by `filter --adv turn`, null before
 
     def to_arrow(self) -> dict[str, Any]:
         return {
@@ -61,6 +62,7 @@ class Turn:
             "env_latency_s": self.env_latency_s,
             "reward_step": self.reward_step,
             "error": self.error,
+            "advantage": self.advantage,
         }
 
 

@@ -133,6 +133,11 @@ def _turns(table: pa.Table) -> Iterator[BadValue]:
                                      f"obs_len {obs[i]:.0f}: outside the row's {n_resp[row]} response tokens")
     for row, i in _first_per_row((version < 0) | (version > MAX_POLICY_VERSION), flat):
         yield BadValue(row, "turns", f"turn {position[i]} has policy_version {version[i]:.0f}, outside [0, 10^9]")
+    if "advantage" in fields:  # schema v2: a per-turn advantage, where filter set one, must be finite
+        advantage = fields["advantage"]
+        present = advantage.is_valid().to_numpy(zero_copy_only=False)  # [T]
+        for row, i in _first_per_row(present & ~np.isfinite(_numbers(advantage)), flat):
+            yield BadValue(row, "turns", f"turn {position[i]} has advantage {advantage[i].as_py()}, not finite")
 
 
 def _scalars(table: pa.Table) -> Iterator[BadValue]:

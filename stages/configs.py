@@ -143,7 +143,9 @@ class FilterConfig:
     decay: float = setting(0.0, "weight = exp(-decay * lag).")
     where: str | None = setting(None, "DuckDB SQL predicate rows must satisfy.")
     max_pos_frac: float | None = setting(None, "Cap on positive-advantage weight share.")
-    adv: str = setting("group", "Advantages: group | group-mean | batch.")
+    adv: str = setting("group", "Advantages: group | group-mean | batch (one per trajectory, from the reward) | "
+                                "turn | turn-mean (one per turn, from step rewards and the reward; see --gamma).")
+    gamma: float = setting(1.0, "Discount of the turn modes: R_t = r_t + gamma * R_{t+1}, R_last = r_last + reward.")
     batch_groups: int = setting(8, "Groups per batch shard (one optimizer step).")
     min_groups: int = setting(1, "Wait (consume nothing) until this many groups.")
     seed: int = setting(0, "Seed of the --keep-uniform choice.")
@@ -167,20 +169,36 @@ class FilterConfig:
             raise UsageError("--vocab-size must be >= 1")
         if not (math.isfinite(self.decay) and self.decay >= 0):
             raise UsageError("--decay must be a finite number >= 0")
+        if not 0.0 <= self.gamma <= 1.0:  # NaN fails this too
+            raise UsageError(f"--gamma is a discount in [0, 1], not {self.gamma}")
 
 
 @dataclass
 class RewardConfig:
-    reward: str = setting("math", "Reward function: math, swe, a plugin name, module:attr, or auto (per row env).")
-    reward_opt: list[str] = setting(help="KEY=VALUE options of the reward (ENV.KEY=VALUE with --reward auto).",
-                                    factory=list)
-    concurrency: int = setting(4, "Rows graded at once (sandboxed graders).")
+    reward: str = setting("math", "Reward function: math, swe, format, a plugin name, module:attr, auto (per row "
+                                  "env), a weighted sum such as 'swe + 0.2*judge', or http://HOST:PORT/NAME (a "
+                                  "reward served by `arlctl reward-serve`).")
+    reward_opt: list[str] = setting(help="KEY=VALUE options of the reward (ENV.KEY=VALUE with --reward auto, "
+                                         "COMPONENT.KEY=VALUE with a weighted sum).", factory=list)
+    concurrency: int = setting(4, "Rows graded at once (sandboxed graders, judges; requests to a reward server).")
     quarantine: bool = setting(False, "Move corrupt inputs to _quarantine/ and go on.")
     max_error_frac: float = setting(0.5, "Exit 1 when more than this fraction of rows got no reward.")
+    cache: str | None = setting(None, "Reward cache directory (any fsspec URL, s3 included; may be shared by "
+                                      "runs). Default with --run: RUN/reward-cache; without --run: no cache.")
+    no_cache: bool = setting(False, "Use no reward cache: score every row, remember nothing.")
+    cache_flush_s: float = setting(60.0, "Write the cache's new entries at least this often while a shard is "
+                                         "scored (seconds; and after each shard): a crash loses at most this much "
+                                         "grading.")
 
     def check(self) -> None:
         if not 0.0 <= self.max_error_frac <= 1.0:
             raise UsageError(f"--max-error-frac is a fraction in [0, 1], not {self.max_error_frac}")
+        if self.concurrency < 1:
+            raise UsageError(f"--concurrency must be >= 1, not {self.concurrency}")
+        if not (math.isfinite(self.cache_flush_s) and self.cache_flush_s >= 0):
+            raise UsageError(f"--cache-flush-s must be a finite number >= 0, not {self.cache_flush_s}")
+        if self.cache is not None and self.no_cache:
+            raise UsageError("--cache and --no-cache contradict each other")
 
 
 @dataclass

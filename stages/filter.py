@@ -7,12 +7,15 @@ recorded with its rule name so an audit can account for every trajectory:
                       --vocab-size when given), a mask outside {0, 1}, lists of unequal length, turn
                       offsets outside the row, absurd policy versions, non-finite or positive behaviour
                       log-probs, non-finite rewards / advantages / weights; with --dedupe-threshold
-                      also a turn whose tool_calls is not a JSON list of objects
-  1. completeness     status not in --keep-status (default: ok), or no reward yet
+                      also a turn whose tool_calls is not a JSON list of objects; with --adv turn /
+                      turn-mean also unusable step rewards (a non-finite reward_step, a reward_info
+                      step_rewards that is not a list of finite numbers or nulls, one per turn)
+  1. completeness     status not in --keep-status (default: ok), or no reward yet (in the turn modes also a
+                      step the judge could not grade: its reward_info step_rewards entry is null)
   2. group_integrity  groups whose sample indices are not 0..n-1 in the input, or with fewer than
                       --min-group-size rows left after completeness (no baseline): whole groups only
-  3. zero_variance    groups whose rewards are all equal (no learning signal); a seeded --keep-uniform
-                      fraction of them is kept
+  3. zero_variance    groups whose rewards are all equal (no learning signal; in the turn modes: whose
+                      returns are equal at every turn index); a seeded --keep-uniform fraction is kept
   4. duplicate        a repeated trajectory_id, or an action sequence whose tool-call n-gram Jaccard
                       similarity to an earlier row of its group is >= --dedupe-threshold
   5. staleness        lag = current policy version - row policy_version > --max-lag; kept rows get
@@ -36,6 +39,14 @@ one reward per trajectory and written on each of its rows, and a batch never spl
 Survivors are packed, whole groups in input order, into batches of --batch-groups groups with their
 advantages (--adv) and weights filled in. The last batch of an invocation may be smaller; --min-groups
 makes filter wait (consume nothing) until at least that many groups survive.
+
+Turn-level credit (--adv turn | turn-mean, --gamma G; arlctl/rl/advantages.py): each turn's step reward is
+turns[].reward_step (the env's), else reward_info["step_rewards"][turn index] (a judge's), else 0; the
+returns R_t = r_t + G * R_{t+1}, R_last = r_last + reward, are compared per turn index within the group,
+and each turn's advantage is written to turns[].advantage (schema v2), which train gives to that turn's
+sampled tokens. The `advantage` column keeps its outcome meaning: the group (turn) or group-mean
+(turn-mean) advantage of the reward, exactly what --adv group / group-mean would write, so a reader that
+ignores turns[].advantage trains on outcomes only; the balance rule reads it too.
 
 Exactly-once: a batch's lineage lists the input shards of its invocation and carries an invocation id
 and the number of parts. Inputs named in a batch's lineage are consumed. If a crash left an
@@ -81,7 +92,15 @@ from arlctl.io.shards import (
     write_shard,
     write_table_atomic,
 )
-from arlctl.rl.advantages import compute_advantages, group_ids_to_index
+from arlctl.rl.advantages import (
+    TURN_MODES,
+    compute_advantages,
+    discounted_returns,
+    group_ids_to_index,
+    step_rewards,
+    turn_advantages,
+)
+from arlctl.schemas.trajectory import set_turn_advantages
 from arlctl.schemas.values import MAX_POLICY_VERSION, BadValue, bad_rows, find_bad_values
 from arlctl.stages.configs import DEFAULT_KEEP_STATUS, FilterConfig  # noqa: F401 (API: the settings live in stages/configs.py, torch-free)
 from arlctl.stages.results import FilterIO, FilterResult
@@ -186,17 +205,25 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
             if len({ids[i] for i in rows}) < cfg.min_group_size:  # G counts trajectories, not rows
                 drop(rows, rule)
 
-    # 0. invalid values: a hostile or broken row goes before any rule does arithmetic on it.
+    # 0. invalid values: a hostile or broken row goes before any rule does arithmetic on it; in the turn
+    # modes so does a row whose step rewards cannot be read.
     invalid = find_bad_values(table, cfg.vocab_size)
     drop(bad_rows(invalid), "invalid_values")
+    steps: list[list[float | None] | None] = []
+    if cfg.adv in TURN_MODES:
+        steps, unusable = turn_step_rewards(table)
+        invalid.extend(unusable)
+        drop(bad_rows(unusable), "invalid_values")
 
     # 1. completeness: only finished, rewarded trajectories are trained on; a per-turn trajectory whose
-    # rows are not all here (a gap in its turn indices, no final row) is not a finished trajectory either.
+    # rows are not all here (a gap in its turn indices, no final row) is not a finished trajectory either,
+    # and in the turn modes nor is one with a step the judge could not grade (no score is not a 0).
     status = table.column("status").to_pylist()
     reasons = table.column("finish_reason").to_pylist()
     reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null -> nan
     drop([i for i in range(n) if status[i] not in cfg.keep_status or math.isnan(reward[i])
-          or (_is_turn_row(i, members, first, reasons) and _incomplete(members[i], first, reasons))],
+          or (_is_turn_row(i, members, first, reasons) and _incomplete(members[i], first, reasons))
+          or (steps and steps[i] is not None and None in steps[i])],
          "completeness")
 
     # 2. group integrity: the input must hold each group whole, and enough of it must survive.
@@ -210,9 +237,15 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
             drop(rows, "group_integrity")
     drop_small_groups("group_integrity")
 
-    # 3. zero variance: equal rewards give every sample advantage 0 in the group modes.
+    # 3. zero variance: equal rewards give every sample advantage 0 in the group modes; equal returns at
+    # every turn index give every turn advantage 0 in the turn modes.
     for gid, rows in _group_rows(groups, np.flatnonzero(keep)).items():
-        if np.ptp(reward[rows]) == 0 and _stable_fraction(gid, cfg.seed) >= cfg.keep_uniform:
+        if cfg.adv in TURN_MODES:
+            leaders = sorted({min(members[i]) for i in rows})
+            uniform = _uniform_per_turn([_returns(members[r], first, steps, reward[r], cfg.gamma) for r in leaders])
+        else:
+            uniform = np.ptp(reward[rows]) == 0
+        if uniform and _stable_fraction(gid, cfg.seed) >= cfg.keep_uniform:
             drop(rows, "zero_variance")
 
     # 4. duplicates: a repeated (trajectory_id, first turn index) anywhere (per-turn siblings differ in
@@ -286,6 +319,89 @@ def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
     return mask
 
 
+# ----------------------------------------------------------------------------------------------- turn credit
+
+
+def turn_step_rewards(table: pa.Table) -> tuple[list[list[float | None] | None], list[BadValue]]:
+    """Per row, the step reward of each of its turns (arlctl.rl.advantages.step_rewards; None for a turn
+    the judge could not grade), or None with a BadValue for a row whose step rewards are unusable. A
+    whole-trajectory row's non-empty reward_info step_rewards must hold exactly one entry per turn; a
+    per-turn row's must reach its turn index."""
+    import pyarrow.compute as pc
+
+    turns = table.column("turns")
+    lengths = [n or 0 for n in pc.list_value_length(turns).to_pylist()]  # [N]
+    flat = pc.list_flatten(turns)  # [T] every row's turns in order
+    index = pc.struct_field(flat, "index").to_pylist()  # [T]
+    recorded = pc.struct_field(flat, "reward_step").to_pylist()  # [T]
+    reasons = table.column("finish_reason").to_pylist()
+    out: list[list[float | None] | None] = []
+    bad: list[BadValue] = []
+    start = 0
+    for row, (n, info) in enumerate(zip(lengths, table.column("reward_info").to_pylist(), strict=True)):
+        span = slice(start, start + n)
+        start += n
+        try:
+            judged = _judged_step_rewards(info)
+            whole = reasons[row] != CONTINUED and (not n or index[span][0] == 0)
+            if judged and whole and isinstance(judged, list) and len(judged) != n:
+                raise ValueError(f"reward_info step_rewards has {len(judged)} entries for {n} turns")
+            out.append(step_rewards(recorded[span], index[span], judged))
+        except ValueError as err:
+            out.append(None)
+            bad.append(BadValue(row, "turns", f"step rewards unusable: {err}"))
+    return out, bad
+
+
+def _judged_step_rewards(info: str | None) -> Any:
+    """reward_info["step_rewards"] (a judge's per-turn scores), or None when there are none."""
+    if info is None:
+        return None
+    try:
+        parsed = json.loads(info)
+    except (ValueError, RecursionError):
+        raise ValueError("reward_info is not JSON") from None
+    return parsed.get("step_rewards") if isinstance(parsed, dict) else None
+
+
+def _returns(rows: list[int], first: list[int], steps: list[list[float | None] | None], outcome: float,
+             gamma: float) -> list[float]:
+    """The returns of the trajectory made of `rows` (one, or its per-turn rows), turns in index order."""
+    ordered = sorted(rows, key=lambda r: first[r])
+    return discounted_returns([r for i in ordered for r in steps[i] or []], outcome, gamma)
+
+
+def _uniform_per_turn(returns: list[list[float]]) -> bool:
+    """True when every turn index has one return value across the trajectories: no turn gets a signal."""
+    seen: dict[int, float] = {}
+    for trajectory in returns:
+        for t, value in enumerate(trajectory):
+            if seen.setdefault(t, value) != value:
+                return False
+    return True
+
+
+def _with_turn_credit(batch: pa.Table, owner: np.ndarray, rewards: np.ndarray, traj_groups: list[str],
+                      cfg: FilterConfig) -> pa.Table:
+    """The batch with turns[].advantage filled (turn modes). owner: [n] trajectory of each row, whose rows
+    come in turn order (pack_batches sorts them so); rewards: [T] outcome of each trajectory."""
+    steps, unusable = turn_step_rewards(batch)
+    if unusable or any(None in s for s in steps if s):
+        raise ValueError("a row with unusable or ungraded step rewards (apply_rules drops such rows first)")
+    per_trajectory: list[list[float]] = [[] for _ in range(len(rewards))]
+    for row, k in enumerate(owner.tolist()):
+        per_trajectory[k].extend(steps[row] or [])
+    returns = [discounted_returns(s, r, cfg.gamma) for s, r in zip(per_trajectory, rewards.tolist(), strict=True)]
+    advantages = turn_advantages(returns, group_ids_to_index(traj_groups), cfg.adv)  # [T][turns]
+    flat: list[float | None] = []
+    used = [0] * len(rewards)
+    for row, k in enumerate(owner.tolist()):
+        n = len(steps[row] or [])
+        flat.extend(advantages[k][used[k] : used[k] + n])
+        used[k] += n
+    return set_turn_advantages(batch, flat)
+
+
 # ----------------------------------------------------------------------------------------------- batches
 
 
@@ -294,7 +410,8 @@ def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tupl
 
     Whole groups means whole trajectories too: a per-turn trajectory's rows always share a batch. The
     advantage (and the balance rule) sees one reward per trajectory, so a 10-turn trajectory is one sample
-    of its group, not ten; every row of it gets that advantage and weight.
+    of its group, not ten; every row of it gets that advantage and weight. In the turn modes each turn
+    also gets its own advantage in turns[].advantage (see the module docstring).
     Returns (batch tables, rows touched by the balance rule).
     """
     groups = table.column("group_id").to_pylist()
@@ -313,7 +430,8 @@ def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tupl
         leader = np.array(_first_positions(owner), dtype=np.int64)  # [T] batch position of each trajectory
         rewards = batch.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)[leader]  # [T]
         traj_groups = [batch.column("group_id")[int(k)].as_py() for k in leader]
-        adv_t = compute_advantages(torch.from_numpy(rewards), group_ids_to_index(traj_groups), cfg.adv).numpy()  # [T]
+        outcome_mode = TURN_MODES.get(cfg.adv, cfg.adv)  # the turn modes' `advantage` column: see the docstring
+        adv_t = compute_advantages(torch.from_numpy(rewards), group_ids_to_index(traj_groups), outcome_mode).numpy()  # [T]
         w_t = weight[[rows[k] for k in leader]].astype(np.float64)  # [T]
         touched = _balance(adv_t, w_t, cfg.max_pos_frac)
         balanced += int(np.isin(owner, np.flatnonzero(adv_t > 0)).sum()) if touched else 0
@@ -321,6 +439,8 @@ def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tupl
                                  pa.array(adv_t[owner], pa.float32()))
         batch = batch.set_column(batch.schema.get_field_index("weight"), batch.schema.field("weight"),
                                  pa.array(w_t[owner], pa.float32()))
+        if cfg.adv in TURN_MODES:
+            batch = _with_turn_credit(batch, owner, rewards, traj_groups, cfg)
         batches.append(batch)
     return batches, balanced
 

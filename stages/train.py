@@ -13,7 +13,8 @@ Resuming continues exactly: the same next batch, the same weights, optimizer mom
 steps straight and K/2 + resume + K/2 give identical weights.
 
 Per-turn rows (`rollout --history per-turn`) are separate sequences, each trained with its trajectory's
-advantage. The loss weighs them per token: under token-mean (the default, like verl's token-mean) a
+advantage (or, after `filter --adv turn`, its turn's: turns[].advantage reaches the tokens of its turn,
+arlctl/rl/batching.py `token_advantages`; rows without per-turn advantages train exactly as before). The loss weighs them per token: under token-mean (the default, like verl's token-mean) a
 trajectory counts by its sampled tokens whether it arrives as one row or as ten, so a 10-turn trajectory
 does not count 10x; the seq-mean modes count a per-turn trajectory as ONE sequence (N_seqs = trajectories)
 and, for seq-mean-token-mean, scale each row by its share of the trajectory's tokens so the trajectory's

@@ -56,24 +56,89 @@ GOLDEN_V1 = [
 ]
 
 
+# The golden copy of schema version 2: version 1 with turns[].advantage appended to the turn struct
+# (migration MIGRATIONS[1]). Edit only together with a migration to version 3.
+TURNS_V2 = ("list<item: struct<index: int16 not null, gen_start: int32 not null, gen_len: int32 not null, "
+            "obs_len: int32 not null, text: string not null, tool_calls: string not null, observation: string, "
+            "policy_version: int64 not null, gen_latency_s: float not null, env_latency_s: float not null, "
+            "reward_step: float, error: string, advantage: float>>")
+GOLDEN_V2 = [(name, TURNS_V2 if name == "turns" else typ, nullable) for name, typ, nullable in GOLDEN_V1]
+
+
 def test_schema_matches_golden_copy():
     actual = [(f.name, str(f.type), f.nullable) for f in T.TRAJECTORY_SCHEMA]
-    assert actual == GOLDEN_V1
+    assert actual == GOLDEN_V2
+    assert actual != GOLDEN_V1  # the turns column is the one difference
+    assert [(f.name, str(f.type), f.nullable) for f in T.SCHEMAS[2]] == GOLDEN_V2
+
+
+def test_version_1_stays_frozen():
+    assert [(f.name, str(f.type), f.nullable) for f in T.SCHEMAS[1]] == GOLDEN_V1
+    assert T.SCHEMAS[1].metadata[b"arlctl.schema_version"] == b"1"
 
 
 def test_schema_metadata_and_docs():
     meta = T.TRAJECTORY_SCHEMA.metadata
     assert meta[b"arlctl.schema"] == b"trajectory"
-    assert meta[b"arlctl.schema_version"] == b"1"
+    assert meta[b"arlctl.schema_version"] == b"2"
     assert all(f.metadata and f.metadata[b"doc"] for f in T.TRAJECTORY_SCHEMA)
 
 
-def test_migration_registry_is_append_only_and_empty_for_v1():
-    assert T.SCHEMA_VERSION == 1
-    assert T.MIGRATIONS == {}
+def test_migration_registry_is_append_only():
+    assert T.SCHEMA_VERSION == 2
+    assert sorted(T.MIGRATIONS) == [1]  # one entry per older version: v -> v + 1
     T.check_version(1)
-    with pytest.raises(T.SchemaError, match="unknown schema version 2"):
-        T.check_version(2)
+    T.check_version(2)
+    with pytest.raises(T.SchemaError, match=r"unknown schema version 3 \(this arlctl reads \[1, 2\]\)"):
+        T.check_version(3)
+    with pytest.raises(T.SchemaError, match="unknown schema version 0"):
+        T.check_version(0)
+
+
+def as_v1(table: pa.Table) -> pa.Table:
+    """The same rows as a version-1 writer wrote them: no turns[].advantage, schema_version 1."""
+    rows = table.to_pylist()
+    for row in rows:
+        row["schema_version"] = 1
+        for turn in row["turns"]:
+            assert turn.pop("advantage") is None
+    return pa.Table.from_pylist(rows, schema=T.SCHEMAS[1])
+
+
+def test_migration_1_to_2_adds_a_null_turn_advantage_and_changes_nothing_else():
+    table = synthetic_table(3, 2, seed=4)
+    old = as_v1(table)
+    T.validate_structure(old)  # a reader accepts version 1 as it is ...
+    upgraded = T.conform(old)  # ... and upgrades it
+    assert upgraded.schema.equals(T.TRAJECTORY_SCHEMA, check_metadata=True)
+    assert upgraded.equals(table)  # every value, schema_version 2 and null advantages included
+    turns = [t for row in upgraded.column("turns").to_pylist() for t in row]
+    assert turns and all(t["advantage"] is None for t in turns)
+    # A slice (offset chunks) and a table of several chunks migrate the same way.
+    assert T.conform(old.slice(2, 3)).equals(table.slice(2, 3))
+    assert T.conform(pa.concat_tables([old.slice(0, 2), old.slice(2)])).equals(table)
+
+
+def test_writers_refuse_version_1_and_readers_refuse_mixed_versions():
+    old = as_v1(synthetic_table(1, 2, seed=5))
+    with pytest.raises(T.SchemaError, match="this table is schema version 1; writers write version 2"):
+        T.validate(old)
+    # A v1 table whose metadata says 2 is neither: the turn struct is checked against what it claims.
+    claims_v2 = old.replace_schema_metadata(T.SCHEMA_METADATA)
+    with pytest.raises(T.SchemaError, match="column 'turns' has type"):
+        T.validate_structure(claims_v2)
+
+
+def test_a_version_1_shard_is_read_as_version_2(tmp_path):
+    import pyarrow.parquet as pq
+
+    from arlctl.io.shards import read_shard
+
+    table = synthetic_table(2, 2, seed=6)
+    path = tmp_path / "v1.parquet"
+    pq.write_table(as_v1(table), path)  # a shard as a version-1 arlctl committed it
+    assert pq.read_schema(path).metadata[b"arlctl.schema_version"] == b"1"
+    assert read_shard(str(path)).equals(table)
 
 
 def test_validate_names_the_offending_column():
@@ -97,6 +162,15 @@ def test_validate_checks_token_layout():
                         response_mask=[1, 1], response_logprobs=[-0.1, -0.2, 0.0])
     with pytest.raises(T.SchemaError, match="response_mask"):
         rows_to_table([row])
+
+
+def test_turn_advantage_round_trips_through_the_row_builder():
+    row = TrajectoryRow(group_id="g", sample_index=0, task_id="t", env="math", env_version="1", task={},
+                        policy="p", prompt_text="x", prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1],
+                        response_logprobs=[-0.1, -0.2],
+                        turns=[Turn(0, 0, 1, 0, "a", advantage=0.5), Turn(1, 1, 1, 0, "b")])
+    got = rows_to_table([row]).column("turns").to_pylist()[0]
+    assert [t["advantage"] for t in got] == [0.5, None]
 
 
 def test_row_builder_derives_counters():
@@ -139,3 +213,29 @@ def test_synthetic_rows_are_realistic():
         for t in r["turns"]:
             assert all(r["response_mask"][t["gen_start"] + i] == 1 for i in range(t["gen_len"]))
     assert synthetic_table(8, 4, seed=3).equals(table)
+
+
+def test_duckdb_reads_v1_and_v2_shards_in_one_view(tmp_path):
+    import pyarrow.parquet as pq
+
+    from arlctl.io.duck import VIEW, connect
+
+    v2 = synthetic_table(2, 2, seed=7)
+    rows = v2.to_pylist()
+    rows[0]["turns"][0]["advantage"] = 0.5
+    pq.write_table(pa.Table.from_pylist(rows, schema=T.TRAJECTORY_SCHEMA), tmp_path / "b-v2.parquet")
+    pq.write_table(as_v1(synthetic_table(2, 2, seed=8)), tmp_path / "a-v1.parquet")  # read first
+    con = connect(sorted(str(p) for p in tmp_path.glob("*.parquet")))
+    got = con.execute(f"SELECT schema_version, turns[1].advantage FROM {VIEW} ORDER BY 1, 2 NULLS LAST").fetchall()
+    assert got == [(1, None)] * 4 + [(2, 0.5)] + [(2, None)] * 3  # 2 groups x 2 rows per shard
+
+
+def test_a_non_finite_turn_advantage_is_a_bad_value():
+    from arlctl.schemas.values import find_bad_values
+
+    rows = synthetic_table(2, 2, seed=9).to_pylist()
+    rows[1]["turns"][-1]["advantage"] = float("nan")
+    rows[0]["turns"][0]["advantage"] = 1.25  # finite: fine
+    problems = find_bad_values(pa.Table.from_pylist(rows, schema=T.TRAJECTORY_SCHEMA))
+    assert [(p.row, p.column) for p in problems] == [(1, "turns")]
+    assert "advantage nan, not finite" in problems[0].reason

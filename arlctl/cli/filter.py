@@ -38,6 +38,10 @@ Rules, in order, each reported with its count: invalid_values, completeness, gro
   arlctl filter --in RUN/rewarded --out RUN/batches --batch-groups 4 --adv group-mean --max-lag 2
 
   arlctl filter --run RUN --where "num_tool_calls > 0" --dry-run
+
+Turn-level credit: --adv turn (or turn-mean) gives every assistant turn its own advantage from step rewards (the env's turns[].reward_step, else a judge's reward_info step_rewards) and the reward: R_t = r_t + G * R_{t+1}, R_last = r_last + reward, baselined per turn index within the group; train applies it to that turn's tokens.
+
+  arlctl filter --run RUN --adv turn --gamma 0.9
 """
 
 

@@ -1,23 +1,39 @@
-"""Group-relative advantages for GRPO-style training (DESIGN.md §9).
+"""Group-relative advantages for GRPO-style training (DESIGN.md §9), per trajectory or per turn.
 
-Pure functions over tensors, one value per trajectory. `filter` calls them once per batch and writes the
-result into the `advantage` column; `train` only reads it.
+Pure functions over tensors and lists. `filter` calls them once per batch and writes the result into the
+`advantage` column (and, in the turn modes, into turns[].advantage); `train` only reads them.
 
-Modes:
+Outcome modes, one value per trajectory from its reward r:
   group       (r - mean_g) / (std_g + eps)           GRPO (DeepSeekMath); std with Bessel's correction
   group-mean  r - mean_g                              Dr. GRPO: no std scaling (removes difficulty bias)
   batch       (r - mean_B) / (std_B + eps)            batch-normalised (REINFORCE++-style): the baseline is the
                                                       whole batch, so a kept all-fail group acts as negatives
 
+Turn modes (process rewards, turn-level credit), one value per turn t of trajectory i from its step rewards
+r_{i,t} and its outcome o_i (the `reward` column):
+  returns     R_{i,t} = r_{i,t} + gamma * R_{i,t+1},  R_{i,last} = r_{i,last} + o_i    (`discounted_returns`)
+  turn        (R_{i,t} - mean_{g,t}) / (std_{g,t} + eps)   the statistics over the group's trajectories that
+  turn-mean   R_{i,t} - mean_{g,t}                         have a turn t: a baseline per (group, turn index)
+That is the group / group-mean rule applied to returns with groups keyed by (group, turn index), so the
+same edge cases hold. With no step rewards and one turn, `turn` gives exactly what `group` gives.
+
 NaN-safe: a NaN reward takes no part in any statistic and gets advantage 0. In the group modes a group
-with a single (finite) sample has no baseline and gets 0, and a zero-variance group gets exactly 0.
+with a single (finite) sample has no baseline and gets 0, and a zero-variance group gets exactly 0; in the
+turn modes the same holds per (group, turn index): a turn index only one trajectory of its group reached
+gets 0.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-ADVANTAGE_MODES = ("group", "group-mean", "batch")
+OUTCOME_MODES = ("group", "group-mean", "batch")
+TURN_MODES = {"turn": "group", "turn-mean": "group-mean"}  # turn mode -> the rule of its per-turn baseline
+ADVANTAGE_MODES = (*OUTCOME_MODES, *TURN_MODES)
 
 
 def group_ids_to_index(group_ids: list[str]) -> torch.Tensor:
@@ -51,8 +67,8 @@ def compute_advantages(
 
     rewards: [N] float (NaN allowed); group_index: [N] long, dense group ids. Returns [N] float32.
     """
-    if mode not in ADVANTAGE_MODES:
-        raise ValueError(f"unknown advantage mode {mode!r}; expected one of {', '.join(ADVANTAGE_MODES)}")
+    if mode not in OUTCOME_MODES:
+        raise ValueError(f"unknown advantage mode {mode!r}; expected one of {', '.join(OUTCOME_MODES)}")
     rewards = rewards.to(torch.float64)  # statistics in float64: groups of equal rewards stay exactly 0
     if rewards.numel() == 0:
         return torch.zeros(0, dtype=torch.float32)
@@ -70,3 +86,85 @@ def compute_advantages(
             return torch.zeros_like(rewards, dtype=torch.float32)
         adv = torch.where(valid, (rewards - finite.mean()) / (finite.std() + eps), torch.zeros_like(rewards))
     return adv.to(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- per turn
+
+
+def discounted_returns(step_rewards: Sequence[float], outcome: float, gamma: float) -> list[float]:
+    """Return-to-go of each turn: R_t = r_t + gamma * R_{t+1}, and R_last = r_last + outcome.
+
+    step_rewards: r_0..r_{n-1}, one per assistant turn; outcome: the trajectory's reward, received at its
+    last turn (undiscounted there). A trajectory without turns has no returns ([]).
+    """
+    returns: list[float] = []
+    later: float | None = None  # R_{t+1}; None before the last turn is reached
+    for reward in reversed(step_rewards):
+        later = float(reward) + (float(outcome) if later is None else gamma * later)
+        returns.append(later)
+    return returns[::-1]
+
+
+def turn_advantages(returns: Sequence[Sequence[float]], group_index: torch.Tensor, mode: str = "turn",
+                    eps: float = 1e-6) -> list[list[float]]:
+    """Per-turn advantages of N trajectories from their returns (`discounted_returns`).
+
+    returns: per trajectory, R_t of each of its turns; group_index: [N] long, dense group ids.
+    Each R_{i,t} is compared with the R_{j,t} of its group's trajectories that have a turn t: the
+    `group` (turn) or `group-mean` (turn-mean) rule of compute_advantages over those. Returns a list per
+    trajectory, as long as its returns.
+    """
+    if mode not in TURN_MODES:
+        raise ValueError(f"unknown turn advantage mode {mode!r}; expected one of {', '.join(TURN_MODES)}")
+    keys: dict[tuple[int, int], int] = {}
+    flat: list[float] = []
+    key_index: list[int] = []
+    for i, trajectory in enumerate(returns):
+        for t, value in enumerate(trajectory):
+            key_index.append(keys.setdefault((int(group_index[i]), t), len(keys)))
+            flat.append(float(value))
+    adv = compute_advantages(torch.tensor(flat, dtype=torch.float64), torch.tensor(key_index, dtype=torch.long),
+                             TURN_MODES[mode], eps).tolist()  # [sum of turns]
+    out, start = [], 0
+    for trajectory in returns:
+        out.append(adv[start : start + len(trajectory)])
+        start += len(trajectory)
+    return out
+
+
+def step_rewards(recorded: Sequence[float | None], indices: Sequence[int], judged: Any) -> list[float | None]:
+    """The step reward of each turn: the env's `turns[].reward_step`, else the judge's
+    `reward_info["step_rewards"][turn index]`, else 0 when there is no judge's list at all.
+
+    recorded: reward_step of each turn; indices: each turn's index in its trajectory (a per-turn row holds
+    one turn, with its own index); judged: the step_rewards value of reward_info, or None.
+    None for a turn the judge could not grade (its entry is None, or its list is empty: no step was
+    graded): a missing measurement, which must not enter a baseline as 0 (the caller drops the row).
+    Raises ValueError naming what is wrong: a non-finite reward_step, or a step_rewards that is not a list
+    of finite numbers (or None) or has no entry for a turn that needs one.
+    """
+    scores = _judged_scores(judged)
+    out: list[float | None] = []
+    for index, value in zip(indices, recorded, strict=True):
+        if value is not None:
+            if not math.isfinite(value):
+                raise ValueError(f"turn {index} has reward_step {value}, not a finite number")
+            out.append(float(value))
+        elif scores is None:
+            out.append(0.0)
+        elif not scores:
+            out.append(None)
+        elif index < len(scores):
+            out.append(scores[index])
+        else:
+            raise ValueError(f"reward_info step_rewards has {len(scores)} entries; turn {index} has none")
+    return out
+
+
+def _judged_scores(judged: Any) -> list[float | None] | None:
+    if judged is None:
+        return None
+    if not isinstance(judged, list) or not all(x is None or (
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)) for x in judged):
+        raise ValueError(f"reward_info step_rewards is not a list of finite numbers: {str(judged)[:80]}")
+    return [None if x is None else float(x) for x in judged]

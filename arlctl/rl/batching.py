@@ -17,7 +17,14 @@ the row's `policy_version` (its first turn's), taken over the oldest row of its 
 trajectory's rows share one lag, as in `filter`'s staleness rule.
 
 `nonfinite_rows` names the rows a trainer must not use: a NaN or infinite number where the loss reads it
-(a mask-1 behaviour log-prob, the advantage, the weight). Off-mask values are never read (losses.py).
+(a mask-1 behaviour log-prob, the advantage, a turn's advantage, the weight). Off-mask values are never
+read (losses.py).
+
+Turn-level credit (schema v2, `filter --adv turn`): a row whose turns carry turns[].advantage has its
+advantage per token. Turn t's sampled tokens, response positions [gen_start, gen_start + gen_len), get
+A_t; any other position of the row (and every position of a row without per-turn advantages) gets the
+row's `advantage`. Only when no row of a micro-batch has per-turn advantages is `advantages` the plain
+[B] vector: outcome-only training runs exactly the computation it always did.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # [B, L] 1 on real tokens
     loss_mask: torch.Tensor  # [B, L-1] True where the token at position t+1 is a trained response token
     behaviour_logp: torch.Tensor  # [B, L-1] recorded log-prob of token t+1 (0 off the mask)
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B] per row, or [B, L-1] per token (of token t+1) when turns carry advantages
     weights: torch.Tensor  # [B]
     rows: list[int]  # indices into the batch shard
     real_tokens: int  # non-padding tokens
@@ -66,11 +73,36 @@ def plan_micro_batches(lengths: list[int], micro_tokens: int) -> list[list[int]]
 
 
 COLLATE_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "advantage", "weight")
+TurnSpan = tuple[int, int, float]  # (gen_start, gen_len, advantage) of one turn
 
 
 def batch_columns(table: pa.Table) -> dict[str, list]:
-    """The columns collate needs, as Python lists: convert once per batch, not once per micro-batch."""
-    return {name: table.column(name).to_pylist() for name in COLLATE_COLUMNS}
+    """The columns collate needs, as Python lists: convert once per batch, not once per micro-batch.
+    `turn_advantages` holds turn_spans(table)."""
+    cols = {name: table.column(name).to_pylist() for name in COLLATE_COLUMNS}
+    cols["turn_advantages"] = turn_spans(table)
+    return cols
+
+
+def turn_spans(table: pa.Table) -> list[list[TurnSpan] | None]:
+    """Per row, (gen_start, gen_len, advantage) of each turn with a per-turn advantage; None for a row with
+    none (every row of a v1 shard or of an outcome-mode batch). Read from the struct fields only: the turns'
+    text and observations are never converted."""
+    import pyarrow.compute as pc
+
+    turns = table.column("turns")
+    if "advantage" not in [f.name for f in turns.type.value_type]:
+        return [None] * table.num_rows
+    lengths = [n or 0 for n in pc.list_value_length(turns).to_pylist()]  # [N]
+    flat = pc.list_flatten(turns)  # [T]
+    starts, lens, advs = (pc.struct_field(flat, k).to_pylist() for k in ("gen_start", "gen_len", "advantage"))
+    out: list[list[TurnSpan] | None] = []
+    at = 0
+    for n in lengths:
+        spans = [(starts[k], lens[k], advs[k]) for k in range(at, at + n) if advs[k] is not None]
+        out.append(spans or None)
+        at += n
+    return out
 
 
 def trajectory_shares(table: pa.Table) -> tuple[list[float], int]:
@@ -114,14 +146,19 @@ def row_lags(table: pa.Table, version: int) -> list[int]:
 def nonfinite_rows(cols: dict[str, list]) -> dict[int, str]:
     """{row index: why} for rows with a non-finite trained input; takes `batch_columns` output.
 
-    Checked: the advantage and the weight (null means 0 and 1, as in `collate`), and the behaviour
-    log-prob of every mask-1 token. A mask-0 log-prob may be anything: the loss never reads it.
+    Checked: the advantage, each per-turn advantage and the weight (null means 0 and 1, as in `collate`),
+    and the behaviour log-prob of every mask-1 token. A mask-0 log-prob may be anything: the loss never reads it.
     """
     bad: dict[int, str] = {}
-    rows = zip(cols["advantage"], cols["weight"], cols["response_mask"], cols["response_logprobs"], strict=True)
-    for i, (adv, weight, mask, logprobs) in enumerate(rows):
+    spans = cols.get("turn_advantages") or [None] * len(cols["advantage"])
+    rows = zip(cols["advantage"], cols["weight"], cols["response_mask"], cols["response_logprobs"], spans, strict=True)
+    for i, (adv, weight, mask, logprobs, turns) in enumerate(rows):
+        turn_bad = next((f"turn advantage {a} at response token {s}" for s, _, a in turns or [] if not math.isfinite(a)),
+                        None)
         if adv is not None and not math.isfinite(adv):
             bad[i] = f"advantage {adv}"
+        elif turn_bad:
+            bad[i] = turn_bad
         elif weight is not None and not math.isfinite(weight):
             bad[i] = f"weight {weight}"
         else:
@@ -138,6 +175,8 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
     prompts, responses = cols["prompt_ids"], cols["response_ids"]
     masks, logprobs = cols["response_mask"], cols["response_logprobs"]
     adv, weight = cols["advantage"], cols["weight"]
+    row_adv = torch.tensor([0.0 if a is None else a for a in (adv[i] for i in rows)], dtype=torch.float32)  # [B]
+    spans = cols.get("turn_advantages")  # absent in a hand-built column dict: no per-turn advantages
     width = max(len(prompts[i]) + len(responses[i]) for i in rows)
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
     attention = torch.zeros(len(rows), width, dtype=torch.long)  # [B, L]
@@ -149,16 +188,34 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
         attention[b, : p + r] = 1
         loss_mask[b, p : p + r] = torch.tensor(masks[i], dtype=torch.bool)
         behaviour[b, p : p + r] = torch.tensor(logprobs[i], dtype=torch.float32)
+    if spans is not None and any(spans[i] for i in rows):
+        advantages = token_advantages(row_adv, [len(prompts[i]) for i in rows], [spans[i] for i in rows], width)
+    else:
+        advantages = row_adv  # [B]: the outcome-only path, unchanged
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention,
         loss_mask=loss_mask[:, 1:],  # [B, L-1]: logits at t predict token t+1
         behaviour_logp=behaviour[:, 1:],  # [B, L-1]
-        advantages=torch.tensor([0.0 if a is None else a for a in (adv[i] for i in rows)], dtype=torch.float32),
+        advantages=advantages,
         weights=torch.tensor([1.0 if w is None else w for w in (weight[i] for i in rows)], dtype=torch.float32),
         rows=list(rows),
         real_tokens=int(attention.sum()),
     )
+
+
+def token_advantages(row_adv: torch.Tensor, prompt_lens: list[int], spans: list[list[TurnSpan] | None],
+                     width: int) -> torch.Tensor:
+    """Per-token advantages [B, L-1] laid out like loss_mask: position t holds the advantage of token t+1.
+
+    Every position starts at its row's advantage; turn k's tokens, prompt_len + gen_start .. + gen_len,
+    get A_k. Positions off the mask are never read by the loss.
+    """
+    adv = row_adv.unsqueeze(-1).repeat(1, width)  # [B, L]
+    for b, (p, row_spans) in enumerate(zip(prompt_lens, spans, strict=True)):
+        for start, length, value in row_spans or []:
+            adv[b, p + start : p + start + length] = value
+    return adv[:, 1:]  # [B, L-1]
 
 
 def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False,

@@ -160,8 +160,8 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The full GRPO/PPO objective for one (micro-)batch. Returns (scalar loss, metric sums).
 
-    logp [B, T] current policy (with grad); behaviour_logp [B, T] recorded at rollout; advantages [B];
-    mask [B, T]; weights [B] per-row (staleness x balance); ref_logp [B, T] frozen reference or None.
+    logp [B, T] current policy (with grad); behaviour_logp [B, T] recorded at rollout; advantages [B] per
+    row, or [B, T] per token (turn-level credit: each turn's tokens carry its own advantage); mask [B, T]; weights [B] per-row (staleness x balance); ref_logp [B, T] frozen reference or None.
 
     Without `tis_cap` the PPO ratio is pi_theta / pi_behaviour. With it, the objective is decoupled
     (as verl's TIS and TRL's vLLM importance-sampling correction): the PPO ratio is taken against the

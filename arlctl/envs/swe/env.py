@@ -14,6 +14,14 @@ computed with a private git index so the agent's .git edits cannot hide it. A di
 is cut at a line, starts with the DIFF_TRUNCATED marker line, and `final_state_truncated` says why: the
 rollout records such a row as status `truncated`, and `diff_truncation()` lets the grader refuse to score
 a partial patch.
+
+Step rewards (process rewards, `filter --adv turn`): a turn that calls run_tests gets reward_step = the
+share of the visible test suite (VISIBLE_TESTS) passing after its last such call, read from pytest's
+summary line (passed / (passed + failed + errors)); a call that ran only part of the suite is followed by
+a run of the whole suite, so narrowing the path cannot raise the share. Visible tests that differ from the
+snapshot's (edited, added, deleted: checked with a private git index, as the diff is) give 0.0: the prompt
+forbids editing them. A run with no summary (a timeout, a suite that did not run) gives no step reward
+(null). Step rewards only shape credit between turns; the hidden tests alone decide the outcome.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ MAX_DIFF_BYTES = 1 << 20  # the sandboxes' default output cap per stream
 DIFF_TRUNCATED = "# arlctl: diff truncated: kept {kept} of {size} bytes\n"
 _DIFF_TRUNCATED_RE = re.compile(r"# arlctl: diff truncated: kept (\d+) of (\d+|unknown) bytes\n")
 _DIFF_SIZE_RE = re.compile(r"arlctl-diff-bytes:\s*(\d+)")
+VISIBLE_TESTS = "tests"  # the visible suite: what run_tests runs by default
+# pytest's closing summary, e.g. "1 failed, 2 passed in 0.05s" (-q) or "==== 3 passed in 0.02s ====".
+_SUMMARY_RE = re.compile(r"^=*\s*(\d+ [a-z]+(?:, \d+ [a-z]+)*) in [\d.]+s\b")
+_COUNT_RE = re.compile(r"(\d+) ([a-z]+)")
 
 
 def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -151,17 +163,20 @@ class SweEnv:
             action = self.parse_action(action.text)
         role = "tool" if self.mode == "tools" else "user"
         observations, errors = [], []
+        step_reward: float | None = None  # set by run_tests calls (see the module docstring)
         for parse_error in action.parse_errors:
             observations.append({**format_parse_error(parse_error), "role": role})
             errors.append(parse_error.message)
         for index, call in enumerate(action.tool_calls):
             if self._is_submit(call):
                 return StepResult(observations=observations, done=True, final_state=await self.final_state(),
-                                  finish_reason="submit", error="; ".join(errors) or None)
+                                  finish_reason="submit", error="; ".join(errors) or None, reward_step=step_reward)
             if index >= self.max_calls_per_turn:
                 content = f"error: at most {self.max_calls_per_turn} tool calls per turn; this call was skipped"
             else:
                 content = await self._run_tool(call)
+                if call.name == "run_tests" and not content.startswith("error:"):
+                    step_reward = await self._visible_share(call, content)
             if content.startswith("error:"):
                 errors.append(content.splitlines()[0])
             message = format_tool_result(call, content)
@@ -169,7 +184,8 @@ class SweEnv:
         if not observations:
             hint = "call a tool, or submit" if self.mode == "tools" else "reply with one ```bash block"
             observations.append({"role": "user", "content": f"No action found: {hint}."})
-        return StepResult(observations=observations, done=False, error="; ".join(errors) or None)
+        return StepResult(observations=observations, done=False, error="; ".join(errors) or None,
+                          reward_step=step_reward)
 
     async def close(self) -> None:
         await self._release()
@@ -244,6 +260,31 @@ class SweEnv:
         except Exception as err:  # a tool failure is something the model should see, not a crash
             return f"error: {call.name} failed: {type(err).__name__}: {err}"
 
+    async def _visible_share(self, call: ToolCall, output: str) -> float | None:
+        """The step reward of a run_tests call: the visible suite's pass share now (module docstring)."""
+        try:
+            changed = await self._visible_tests_changed()
+            if changed is None:
+                return None  # git cannot compare (the agent broke .git): no measurement, no reward
+            if changed:
+                return 0.0
+            if str(call.arguments.get("path") or VISIBLE_TESTS).strip().rstrip("/") != VISIBLE_TESTS:
+                output = await HANDLERS["run_tests"](self, {})  # a part of the suite ran: measure the whole
+        except SandboxError as err:
+            raise EnvFailure(f"sandbox failed while measuring the visible tests: {err}") from err
+        return pytest_share(output)
+
+    async def _visible_tests_changed(self) -> bool | None:
+        """True when the files under VISIBLE_TESTS differ from the snapshot commit's; None when git cannot say."""
+        index = f"/tmp/.arlctl-steps-index-{secrets.token_hex(8)}"
+        base = shlex.quote(self.base_commit)
+        pathspec = f"-- {VISIBLE_TESTS} ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.pyc'"
+        script = (f"export GIT_INDEX_FILE={index} && {_git('read-tree ' + base)} && "
+                  f"{_git('add -A -f ' + pathspec)} && {_git(f'diff --cached --quiet {base} -- {VISIBLE_TESTS}')}; "
+                  f"status=$?; rm -f {index}; exit $status")
+        result = await self.sandbox.exec(script, timeout=self.command_timeout)
+        return {0: False, 1: True}.get(result.exit_code)
+
     def truncate(self, text: str) -> str:
         if len(text) <= self.max_output_chars:
             return text
@@ -270,6 +311,24 @@ def _git(args: str) -> str:
             "-c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.relative=false "
             "-c diff.srcPrefix=a/ -c diff.dstPrefix=b/ -c core.attributesFile=/dev/null "
             f"-c safe.directory='*' {args}")
+
+
+def pytest_share(output: str) -> float | None:
+    """passed / (passed + failed + errors) from the last pytest summary line of `output`; None without one
+    (or when it counts no test)."""
+    summary = None
+    for line in output.splitlines():
+        match = _SUMMARY_RE.match(line.strip())
+        if match:
+            summary = match.group(1)
+    if summary is None:
+        return None
+    counts: dict[str, int] = {}
+    for number, word in _COUNT_RE.findall(summary):
+        key = "error" if word.startswith("error") else word
+        counts[key] = counts.get(key, 0) + int(number)
+    total = counts.get("passed", 0) + counts.get("failed", 0) + counts.get("error", 0)
+    return counts.get("passed", 0) / total if total else None
 
 
 def diff_truncation(final_state: str | None) -> tuple[int, int | None] | None:
