@@ -20,14 +20,20 @@ reward's options are wrong), or a non-finite score gives that row reward = null 
 {"error": cause}; filter then drops it under completeness. A shard that cannot be read is skipped
 (the others are still rewarded) and reported, or with --quarantine moved to `_quarantine/`. Rows with
 other bad values (schemas/values.py) pass through unchanged for filter's invalid_values rule.
+
+Scoring goes through arlctl/rewards/scoring.py: a reward with `score_group` (it compares the members of a
+GRPO group) is called once per group of the shard (rows sharing group_id, in row order) and an error
+there nulls that group's rows with the cause; composite rewards (`swe + 0.2*judge`,
+arlctl/rewards/composite.py) score each component and add them up; a remote reward (`http://HOST:P/NAME`,
+arlctl/rewards/server.py) posts the shard's rows to an `arlctl reward-serve`. With a reward cache
+(arlctl/rewards/cache.py) a row already scored under the same reward_version is not scored again; each
+shard appends what it added to the cache before the shard itself is written.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +41,13 @@ from typing import Any
 import pyarrow as pa
 
 from arlctl.envs.registry import Reward
-from arlctl.errors import CorruptShardError, TransientError, UsageError
+from arlctl.errors import CorruptShardError
 from arlctl.io.fs import basename, join
 from arlctl.io.ledger import consumed_inputs
 from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, quarantine, read_shard, scan, write_shard
+from arlctl.rewards.cache import RewardCache
+from arlctl.rewards.scoring import Item, ScoreContext, Scored, Scorer, Slots, one_line, row_error, score_items
 from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA
 from arlctl.stages.configs import RewardConfig
 from arlctl.turn_rows import CONTINUED, first_turn_indices
@@ -56,6 +64,8 @@ class RewardSummary:
     row_errors: list[str] = field(default_factory=list)  # "shard row i (trajectory_id): cause": reward null
     error_causes: dict[str, int] = field(default_factory=dict)  # error_cause -> rows (see error_cause)
     seconds: float = 0.0
+    cache_hits: int = 0  # (row, reward component) lookups answered by the reward cache
+    cache_misses: int = 0  # ... and those scored (both 0 without a cache)
 
     def add_causes(self, causes: dict[str, int]) -> None:
         for cause, count in causes.items():
@@ -66,6 +76,7 @@ class RewardSummary:
                 "shards_written": len(self.written), "written": self.written, "rows": self.rows,
                 "mean_reward": (self.reward_sum / self.rewarded) if self.rewarded else None,
                 "corrupt": self.corrupt, "row_errors": self.row_errors, "error_causes": self.error_causes,
+                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "seconds": round(self.seconds, 3)}
 
     @property
@@ -74,25 +85,26 @@ class RewardSummary:
         return self.rows - len(self.row_errors)
 
     def to_json(self) -> dict[str, Any]:
-        """The --json summary of `arlctl reward` (the command adds reward_version and metrics)."""
+        """The --json summary of `arlctl reward` (the command adds reward_version, cache and metrics)."""
         return self.as_dict()
 
     def merge(self, other: RewardSummary) -> None:
         """Add another round's counts (a --watch daemon reports its total)."""
-        for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum"):
+        for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum", "cache_hits", "cache_misses"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.written += other.written
         self.corrupt += other.corrupt
         self.row_errors += other.row_errors
         self.add_causes(other.error_causes)
 
-    def summary_line(self, version: str, out: str, dry_run: bool = False) -> str:
+    def summary_line(self, version: str, out: str, dry_run: bool = False, cache: bool = False) -> str:
         mean = "-" if not self.rewarded else f"{self.reward_sum / self.rewarded:.4f}"
         shards = len(self.written) if not dry_run else self.inputs_seen - self.skipped_consumed
         return (f"rewarded {self.rows} rows ({version}), mean reward {mean}; "
                 f"{'would write' if dry_run else 'wrote'} {shards} shards to {out}; skipped {self.skipped_consumed} "
-                "already consumed" + (f"; {len(self.row_errors)} rows got no reward (see above)"
-                                      if self.row_errors else ""))
+                "already consumed" + (f"; reward cache: {self.cache_hits} hits, {self.cache_misses} misses"
+                                      if cache else "")
+                + (f"; {len(self.row_errors)} rows got no reward (see above)" if self.row_errors else ""))
 
 
 RewardResult = RewardSummary  # the stage's result type, under the name every stage uses
@@ -110,45 +122,13 @@ def _response_text(row: dict[str, Any]) -> str:
     return "\n".join(t["text"] for t in row["turns"])
 
 
-FLOAT32_MAX = 3.4028234663852886e38
-Scored = tuple[float | None, dict[str, float] | None, dict[str, Any]]  # (reward, components, info)
-
-
-def _row_error(cause: str) -> Scored:
-    return None, None, {"error": cause}
-
-
 def _parse_task(text: str) -> dict[str, Any] | str:
     """The row's task as a dict, or why it is not one (the row then gets a null reward with that cause)."""
     try:
         task = json.loads(text)
     except (ValueError, RecursionError) as err:
-        return f"task is not valid JSON ({_one_line(err)})"
+        return f"task is not valid JSON ({one_line(err)})"
     return task if isinstance(task, dict) else f"task is JSON {type(task).__name__}, not an object"
-
-
-def _checked(result: Any) -> Scored:
-    """A scorer's (reward, components, info), or a row error when any number in it is not finite.
-
-    A scorer says "this row cannot be graded" (a grader that could not run its tests: an infrastructure
-    failure, never the policy's) by returning reward None with info["error"]: the row keeps that info."""
-    value, parts, info = result
-    if value is None:
-        info = dict(info) if isinstance(info, dict) else {}
-        return None, None, {**info, "error": str(info.get("error") or "the reward function returned no reward")}
-    try:
-        reward, components = float(value), {str(k): float(v) for k, v in parts.items()}
-    except (TypeError, ValueError, AttributeError) as err:
-        return _row_error(f"the reward function returned a non-number ({_one_line(err)})")
-    # Finite as float32 too: the columns are float32, where 1e39 would land as inf.
-    if not all(math.isfinite(x) and abs(x) <= FLOAT32_MAX for x in (reward, *components.values())):
-        return _row_error(f"the reward function returned a non-finite value (reward {reward}, "
-                          f"components {components})")
-    return reward, components, info
-
-
-def _one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
 
 
 class AutoReward:
@@ -173,7 +153,7 @@ class AutoReward:
             from arlctl.envs import registry
 
             known = (env in registry.REWARDS or env in registry.builtin_names("reward")
-                     or env in registry.entry_points(registry.REWARD_GROUP))
+                     or registry.family_of(env) is not None or env in registry.entry_points(registry.REWARD_GROUP))
             self._found[env] = (registry.get_reward(env, **self.options.get(env, {})) if known and not
                                 registry.is_spec(env) else NO_REWARD.format(env=env))
         return self._found[env]
@@ -189,11 +169,11 @@ class _Unit:
 
     rows: list[int]  # every table row that gets the result
     scored: int | None  # the row whose final_state and task are graded; None: `error` instead
-    reward: Reward | None
+    reward: Scorer | None
     error: str | None = None
 
 
-def _units(table: pa.Table, reward: Reward | AutoReward) -> list[_Unit]:
+def _units(table: pa.Table, reward: Scorer | AutoReward) -> list[_Unit]:
     """One unit per whole-trajectory row (a repeated id stays filter's duplicate rule, each row is scored),
     and one per per-turn trajectory, scored on its final row; without exactly one final row: an error unit."""
     envs = table.column("env").to_pylist()
@@ -225,43 +205,49 @@ def _units(table: pa.Table, reward: Reward | AutoReward) -> list[_Unit]:
     return units
 
 
-async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], concurrency: int) -> list[Scored]:
-    """Score every unit once; async scorers (sandboxed graders) run `concurrency` at a time."""
-    slots = asyncio.Semaphore(concurrency)
-
-    async def one(unit: _Unit) -> Scored:
+async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], ctx: ScoreContext) -> list[Scored]:
+    """Score every unit once, each reward over all of its units at once (group and batch rewards see them
+    together); async scorers (sandboxed graders, judges) run `ctx.slots` at a time."""
+    out: list[Scored] = [row_error(str(u.error)) for u in units]
+    by_reward: dict[int, tuple[Any, list[int], list[Item]]] = {}
+    for u, unit in enumerate(units):
         if unit.scored is None or unit.reward is None:
-            return _row_error(str(unit.error))
+            continue
         row = rows[unit.scored]
         task = _parse_task(row["task"])
         if isinstance(task, str):
-            return _row_error(task)
+            out[u] = row_error(task)
+            continue
         # The policy's whole response: every turn of the trajectory, in order (one row or several).
         text = "\n".join(_response_text(rows[i]) for i in unit.rows)
-        async with slots:
-            try:
-                result = unit.reward.score(row["final_state"], task, text)
-                if inspect.isawaitable(result):
-                    result = await result
-            except (TransientError, UsageError):
-                raise  # retry later / wrong reward options: nothing is written, the shard stays pending
-            except Exception as err:  # anything else is this row's own outcome, recorded with its cause
-                return _row_error(f"the reward function failed on this row ({_one_line(err)})")
-        return _checked(result)
+        entry = by_reward.setdefault(id(unit.reward), (unit.reward, [], []))
+        entry[1].append(u)
+        turns = [t["text"] for i in unit.rows for t in rows[i]["turns"]]
+        entry[2].append(Item(row["final_state"], task, text, row["trajectory_id"], row["group_id"], turns))
 
-    return await asyncio.gather(*(one(u) for u in units))
+    async def one(reward: Any, indices: list[int], items: list[Item]) -> None:
+        for u, scored in zip(indices, await score_items(reward, items, ctx), strict=True):
+            out[u] = scored
+
+    await asyncio.gather(*(one(*entry) for entry in by_reward.values()))
+    return out
 
 
-def reward_table(table: pa.Table, reward: Reward | AutoReward, concurrency: int = 4) -> pa.Table:
+def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int = 4,
+                 cache: RewardCache | None = None) -> pa.Table:
     """Return `table` with the reward columns filled by `reward`; every other column is unchanged.
 
     Scored once per trajectory: the rows of a per-turn trajectory (arlctl/turn_rows.py) all get the score
     of its last row. A row that could not be scored has reward and reward_components null and
-    reward_info {"error": ...}.
+    reward_info {"error": ...}. With a cache, rows it holds are not scored again (arlctl/rewards/cache.py).
     """
-    rows = table.select(["task", "final_state", "turns"]).to_pylist()
+    rows = table.select(["task", "final_state", "turns", "trajectory_id", "group_id"]).to_pylist()
     units = _units(table, reward)
-    scored = asyncio.run(_score_units(units, rows, concurrency))
+
+    async def score() -> list[Scored]:
+        return await _score_units(units, rows, ScoreContext(Slots(concurrency), cache))
+
+    scored = asyncio.run(score())
     n = table.num_rows
     rewards: list[float | None] = [None] * n
     components: list[Any] = [None] * n
@@ -336,19 +322,22 @@ def output_name(input_url: str) -> str:
     return basename(input_url)
 
 
-def reward_dir(in_url: str, out_url: str, reward: Reward | AutoReward, concurrency: int = 4, on_corrupt: str = "raise",
+def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurrency: int = 4, on_corrupt: str = "raise",
                dry_run: bool = False, only: list[str] | None = None, worker: tuple[int, int] = (0, 1),
-               stop: Any = None) -> RewardSummary:
+               stop: Any = None, cache: RewardCache | None = None) -> RewardSummary:
     """Reward every input shard not yet consumed by out_url. Returns what was done.
 
     worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n
     machines never take the same shard. stop: anything with is_set(); checked between shards.
+    cache: rows it holds are not scored again; each shard's new entries are appended to it (one file)
+    before the shard is written, and also when its scoring stops on a TransientError (not with dry_run).
     """
     start = time.monotonic()
     summary = RewardSummary()
     done = consumed_inputs(out_url, same_name=True)  # 1:1: rewarded/X vouches only for rollouts/X
     unreadable: list[CorruptShardError] = []
     cfg_hash = config_hash({"reward": reward.name, "version": reward.version})
+    hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
     for shard in only if only is not None else partition(scan(in_url).shards, *worker):
         if stop is not None and stop.is_set():
             break
@@ -367,7 +356,11 @@ def reward_dir(in_url: str, out_url: str, reward: Reward | AutoReward, concurren
             if on_corrupt == "quarantine":
                 quarantine(shard)
             continue
-        rewarded = reward_table(table, reward, concurrency)
+        try:
+            rewarded = reward_table(table, reward, concurrency, cache)
+        finally:  # what was paid for is kept, also when a TransientError leaves the shard pending
+            if cache is not None and not dry_run:
+                cache.flush()
         summary.rows += rewarded.num_rows
         summary.reward_sum += sum(v for v in rewarded.column("reward").to_pylist() if v is not None)
         summary.row_errors += row_errors(rewarded, shard)
@@ -378,6 +371,8 @@ def reward_dir(in_url: str, out_url: str, reward: Reward | AutoReward, concurren
         lineage = Lineage(stage="reward", inputs=[shard], config_hash=cfg_hash,
                           extra={"reward": reward.name, "reward_version": reward.version})
         summary.written.append(write_shard(rewarded, target, lineage))
+    if cache is not None:
+        summary.cache_hits, summary.cache_misses = cache.hits - hits, cache.misses - misses
     summary.seconds = time.monotonic() - start
     if unreadable:
         more = f" (and {len(unreadable) - 1} more unreadable shards)" if len(unreadable) > 1 else ""
@@ -385,13 +380,17 @@ def reward_dir(in_url: str, out_url: str, reward: Reward | AutoReward, concurren
     return summary
 
 
-def run(cfg: RewardConfig, io: RewardIO, stop: Any = None, reward: Reward | AutoReward | None = None) -> RewardResult:
+def run(cfg: RewardConfig, io: RewardIO, stop: Any = None, reward: Scorer | AutoReward | None = None,
+        cache: RewardCache | None = None) -> RewardResult:
     """The stage's entry point: reward what is pending, stopping between shards once `stop` is set.
-    reward: the built reward function (default: cfg.reward built with no options)."""
-    from arlctl.envs.registry import get_reward
+    reward: the built reward (default: cfg.reward with cfg.reward_opt, arlctl/rewards/composite.py; auto
+    without options);
+    cache: the invocation's reward cache, opened once (None: none)."""
+    from arlctl.rewards.composite import build_reward
 
     cfg.check()
-    fn = reward if reward is not None else get_reward(cfg.reward)
-    return reward_dir(io.in_url, io.out, fn, concurrency=cfg.concurrency,
+    if reward is None:
+        reward = AutoReward() if cfg.reward == "auto" else build_reward(cfg.reward, cfg.reward_opt)
+    return reward_dir(io.in_url, io.out, reward, concurrency=cfg.concurrency,
                       on_corrupt="quarantine" if cfg.quarantine else "raise", dry_run=io.dry_run, worker=io.worker,
-                      stop=stop)
+                      stop=stop, cache=cache)

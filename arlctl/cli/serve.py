@@ -19,7 +19,7 @@ HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, 
 
   OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=x my-agent ...
 
-A session is named by the X-Arlctl-Session request header (else found by matching the conversation prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops; its rows are written then. Ctrl-C or SIGTERM writes every open session and exits (a second one exits at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400 naming the field. Exit status 1 when some session's rows could not be written (each is logged)."""
+A session is named by the X-Arlctl-Session request header (else found by matching the conversation prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops; its rows are written then. A harness can attach its outcome first: POST /v1/sessions/ID/reward {"reward": R, "info": {...}} writes the session's rows with that reward and reward_version session-api. Ctrl-C or SIGTERM writes every open session and exits (a second one exits at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400 naming the field. Exit status 1 when some session's rows could not be written (each is logged)."""
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,8 @@ releases what its envs shared (swe: the sandbox pools; nothing for math, first-t
 A reward function has the shape
     score(final_state, task, response_text) -> (reward, components, info)
 and a version string that the reward stage writes into `reward_version`. A score function may carry
-`version_suffix(**options) -> str` (appended to that version: e.g. a rubric file's content hash) and, for
+`version_suffix(**options) -> str` (appended to that version: e.g. a rubric file's content hash),
+`unversioned_options` (option names left out of the version: how it runs, not what it gives) and, for
 rewards that compare the members of a GRPO group, `score_group` (see stages/reward.py). A plugin reward's version is
 the `version` / `VERSION` attribute of the function or else its module, else "<module>:<attribute>".
 """
@@ -69,7 +70,7 @@ SOURCES: dict[tuple[str, str], Source] = {}  # (what, name) -> source of plugins
 PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy", "two-first-tokens": "arlctl.envs.toy",
              "reasoning-gym": "arlctl.envs.reasoning_gym", "code": "arlctl.envs.code"}
 # Rewards with no env of their name (model-based rewards): name -> module that registers it.
-REWARD_PROVIDERS = {"judge": "arlctl.rewards.judge", "genrm": "arlctl.rewards.genrm"}
+REWARD_PROVIDERS = {"judge": "arlctl.rewards.judge", "genrm": "arlctl.rewards.genrm", "format": "arlctl.rewards.format"}
 # Families of envs named `FAMILY:MEMBER`: family -> module whose import calls register_family.
 FAMILIES = {"textarena": "arlctl.envs.textarena"}
 # family -> function(member) that registers the env (and its reward) named "FAMILY:MEMBER", or raises UsageError
@@ -306,8 +307,14 @@ def get_reward(name: str, **options: Any) -> Reward:
             signature.bind(None, {}, "", **options)
         except TypeError as exc:
             raise UsageError(f"bad option for reward {name!r}: {exc}") from None
+    # Options that change how a reward runs but not what it gives (a judge's concurrency, timeout, retries
+    # and endpoint URL: the model itself is in its version_suffix) stay out of the version, so a re-run
+    # with other ones still hits the reward cache.
+    unversioned = set(getattr(score, "unversioned_options", ()))
+    versioned = sorted(key for key in options if key not in unversioned)
+    if versioned:
+        version += "+" + ",".join(f"{key}={options[key]}" for key in versioned)
     if options:
-        version += "+" + ",".join(f"{key}={options[key]}" for key in sorted(options))
         score = partial(score, **options)
     # A reward whose options name content (a rubric file, a judge model) says what that content is, so a
     # changed rubric behind the same path is another version (and misses the reward cache).

@@ -1,7 +1,7 @@
 """RunLayout: every path of a run directory (DESIGN.md §5), and each stage's default --in/--out.
 
   RUN/rollouts/  RUN/rewarded/  RUN/batches/ (+ _filter/ manifests)  RUN/checkpoints/  RUN/policy/
-  RUN/metrics/   RUN/evals/     RUN/logs/    <each stage's output>/_locks/
+  RUN/metrics/   RUN/evals/     RUN/logs/    RUN/reward-cache/   <each stage's output>/_locks/
 
 A run root may be a local path or any fsspec URL; only `logs` must be local (children append to their log
 files), so a remote run keeps its logs in ./logs unless told otherwise.
@@ -25,6 +25,7 @@ STAGE_DIRS = {
     "metrics": "metrics",
     "evals": "evals",
     "logs": "logs",
+    "reward-cache": "reward-cache",
 }
 
 # stage -> (default input dir, default output dir)
@@ -75,6 +76,11 @@ class RunLayout:
     @property
     def evals(self) -> str:
         return self.path("evals")
+
+    @property
+    def reward_cache(self) -> str:
+        """Judgements already paid for (arlctl/rewards/cache.py), the reward stage's default --cache."""
+        return self.path("reward-cache")
 
     def locks(self, stage: str) -> str:
         """Where a stage's single-writer locks live: `_locks/` inside its output directory (arlctl/io/lock.py)."""

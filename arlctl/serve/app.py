@@ -1,13 +1,20 @@
 """`arlctl serve`: an OpenAI-compatible HTTP endpoint over any Policy that records training data.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-POST /v1/sessions/{id}/end. aiohttp (already a dependency of the stack) keeps this small.
+POST /v1/sessions/{id}/end, POST /v1/sessions/{id}/reward. aiohttp (already a dependency of the stack) keeps this small.
 
 Sessions: the `X-Arlctl-Session` request header names one; without it, a chat request joins the open
 session whose record it extends (conversation-prefix matching), else opens a new one. The response always
 carries the session id in the same header. A session ends on POST /v1/sessions/{id}/end, after
 `idle_timeout_s` without requests, or when the server stops; its segments are then written as one group
 of trajectory rows (GroupShardWriter, one shard per ended session).
+
+Outcomes: a black-box harness that knows how a session went posts {"reward": R, "info": {...}} to
+/v1/sessions/{id}/reward before ending it; every row of the session is then written with reward R,
+reward_info the info, reward_version "session-api" (so such rows can go straight to `filter`). R must be
+a finite number (400 otherwise). An unknown session is a 404; a session already ended (its rows are
+written and immutable) a 409. An outcome is posted once: posting the same outcome again is answered 200
+(a client may retry), a different one 409.
 
 Requests of one session are served one at a time (a lock per session), since each extends the last.
 Streaming is not supported (400); `stop` strings are not supported (ignored: stopping is on EOS, the
@@ -50,12 +57,14 @@ from arlctl.serve.validation import (
     check_session_id,
     completion_request,
     parse_body,
+    session_reward,
 )
 from arlctl.tools.hermes import parse_hermes, strip_tool_calls
 from arlctl.tools.render import assistant_tool_calls
 
 SESSION_HEADER = "X-Arlctl-Session"
 MAX_FAILED_LISTED = 20  # failed session ids shown by /health (all are counted)
+MAX_ENDED_REMEMBERED = 100_000  # ended session ids kept so a late outcome is a 409, not a 404
 
 log = logging.getLogger("arlctl.serve")
 T = TypeVar("T")
@@ -81,8 +90,9 @@ class ServeState:
         self.locks: dict[str, asyncio.Lock] = {}
         self.rows_written: list[TrajectoryRow] = []
         self.failed: dict[str, str] = {}  # session id -> why its rows could not be written
+        self.ended: dict[str, None] = {}  # ids of ended sessions, oldest first (an ordered set)
         self.stats = {"requests": 0, "in_flight": 0, "preparing": 0, "generated_tokens": 0,
-                      "sessions_ended": 0, "sessions_failed": 0}
+                      "sessions_ended": 0, "sessions_failed": 0, "sessions_rewarded": 0}
 
     def lock(self, session_id: str) -> asyncio.Lock:
         return self.locks.setdefault(session_id, asyncio.Lock())
@@ -101,6 +111,9 @@ class ServeState:
         """Close one session and write its rows; never raises (a failure is logged and marked)."""
         self.locks.pop(session_id, None)
         self.stats["sessions_ended"] += 1
+        self.ended[session_id] = None
+        if len(self.ended) > MAX_ENDED_REMEMBERED:
+            del self.ended[next(iter(self.ended))]
         try:
             rows = self.recorder.end(session_id, reason)
             if rows:
@@ -261,6 +274,29 @@ async def end_session(request: web.Request) -> web.Response:
     return web.json_response({"session": sid, "rows": rows})
 
 
+async def post_session_reward(request: web.Request) -> web.Response:
+    """Attach a harness's outcome to an open session (see the module docstring)."""
+    state: ServeState = request.app[STATE]
+    sid = check_session_id(request.match_info["sid"])
+    posted = session_reward(await _read_body(request, state))
+    outcome = (posted.reward, posted.info)
+    async with state.lock(sid):
+        session = state.recorder.sessions.get(sid)
+        if session is None and sid in state.ended:
+            return _error(409, f"session {sid!r} has ended and its rows are written; post the reward before "
+                               "POST /v1/sessions/{id}/end")
+        if session is None:
+            return _error(404, f"no open session {sid!r}")
+        if session.outcome is not None and session.outcome != outcome:
+            return _error(409, f"session {sid!r} already has reward {session.outcome[0]!r}; an outcome is "
+                               "posted once")
+        if session.outcome is None:
+            state.stats["sessions_rewarded"] += 1
+        session.outcome = outcome
+        session.last_seen = time.monotonic()
+    return web.json_response({"session": sid, "reward": posted.reward})
+
+
 async def models(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
     return web.json_response({"object": "list", "data": [
@@ -323,6 +359,7 @@ def build_app(state: ServeState) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/sessions/{sid}/end", end_session)
+    app.router.add_post("/v1/sessions/{sid}/reward", post_session_reward)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
 

@@ -10,6 +10,10 @@ harness rewrote or truncated history, changed the tools, or re-asked without new
 current segment and starts a new one: each segment is one trajectory row, `group_id` = the session id,
 `sample_index` = the segment number, `final_state` says why it ended.
 
+A harness that knows the outcome (tests passed, the user was satisfied) posts it to the open session
+(`Session.outcome`); when the session ends, every one of its rows gets it as reward, reward_info the
+posted info, reward_version "session-api".
+
 /v1/completions requests are recorded the same way on raw tokens: a list-of-ints prompt must start with
 the recorded ids; a string prompt must start with the recorded text, and only its new suffix is
 tokenized.
@@ -30,6 +34,7 @@ from arlctl.schemas.builder import TrajectoryBuilder
 from arlctl.schemas.rows import TrajectoryRow
 
 ENV_NAME = "serve"
+SESSION_REWARD_VERSION = "session-api"  # reward_version of rows whose reward a client posted
 
 
 def message_text(content: Any) -> str:
@@ -100,6 +105,7 @@ class Session:
     current: Segment | None = None
     last_seen: float = field(default_factory=time.monotonic)
     requests: int = 0
+    outcome: tuple[float, dict[str, Any]] | None = None  # POST /v1/sessions/{id}/reward: (reward, info)
 
 
 @dataclass
@@ -143,11 +149,18 @@ class Recorder:
         return None
 
     def end(self, session_id: str, reason: str = "ended") -> list[TrajectoryRow]:
-        """Close a session: its finished segments plus the open one, as rows (may be empty)."""
+        """Close a session: its finished segments plus the open one, as rows (may be empty). An outcome
+        posted for the session becomes every row's reward (reward_version SESSION_REWARD_VERSION)."""
         session = self.sessions.pop(session_id, None)
         if session is None:
             return []
         self._close_segment(session, reason)
+        if session.outcome is not None:
+            reward, info = session.outcome
+            for row in session.done:  # the outcome is the whole session's, like a trajectory's last-turn reward
+                row.reward, row.reward_components = reward, {}
+                row.reward_info = json.dumps(info, sort_keys=True)
+                row.reward_version = SESSION_REWARD_VERSION
         return session.done
 
     def is_open(self, session: Session) -> bool:

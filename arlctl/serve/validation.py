@@ -132,6 +132,28 @@ def check_session_id(session_id: str) -> str:
 
 # ---- the requests ----
 
+FLOAT32_MAX = 3.4028234663852886e38  # the reward column is float32: 1e39 would land as inf
+
+
+@dataclass(frozen=True)
+class SessionReward:
+    reward: float
+    info: dict[str, Any]
+
+
+def session_reward(body: dict[str, Any]) -> SessionReward:
+    """POST /v1/sessions/{id}/reward: {"reward": finite number, "info": optional JSON object}."""
+    if "reward" not in body:
+        raise UsageError("`reward` is required: the session's outcome as a number")
+    reward = finite_number("reward", body["reward"])
+    if abs(reward) > FLOAT32_MAX:
+        raise UsageError(f"reward must fit a float32 (|reward| <= {FLOAT32_MAX:g}), got {reward:g}")
+    info = body.get("info", {})
+    if not isinstance(info, dict):
+        raise UsageError(f"info must be a JSON object, got {type(info).__name__}")
+    return SessionReward(reward, info)
+
+
 def chat_request(body: dict[str, Any], default_max_tokens: int) -> ChatRequest:
     """A checked /v1/chat/completions request."""
     messages = body.get("messages")

@@ -110,3 +110,15 @@ def test_version_suffix_puts_what_options_name_into_the_reward_version(monkeypat
     registry.register_reward("suffixed", score, "suffixed-1")
     assert registry.get_reward("suffixed").version == "suffixed-1@DEFAULT"
     assert registry.get_reward("suffixed", rubric="r").version == "suffixed-1+rubric=r@R"
+
+
+def test_unversioned_options_stay_out_of_the_reward_version(monkeypatch):
+    def score(final_state, task, text, rubric="default", timeout=1.0):
+        return 1.0, {}, {}
+
+    score.unversioned_options = ("timeout",)
+    monkeypatch.setattr(registry, "REWARDS", dict(registry.REWARDS))
+    registry.register_reward("transported", score, "transported-1")
+    assert registry.get_reward("transported", timeout=9).version == "transported-1"
+    assert registry.get_reward("transported", timeout=9, rubric="r").version == "transported-1+rubric=r"
+    assert registry.get_reward("transported", timeout=9).score(None, {}, "") == (1.0, {}, {})
