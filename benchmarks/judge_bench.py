@@ -14,8 +14,12 @@ ratio to concurrency 1 measured in the same invocation (machines are noisy: comp
 Null rewards are counted and printed: with the tiny model nearly every verdict is unreadable noise,
 which costs the same generation as a readable one.
 
-The reward-cache hit rate is not measured here (the cache belongs to arlctl/rewards/cache.py): a part
-that re-runs `measure` with `reward_table(..., cache=...)` would plug in beside `run_concurrency`.
+Then the re-reward (`measure_cache`): the same rows rewarded twice with a reward cache (arlctl/rewards/
+cache.py) in a fresh directory, the second time from a newly opened cache as a later `arlctl reward`
+would: the hit rate of each pass and the second pass's speed-up over the first. Null rewards are never
+cached (a failed judgement is retried), and the tiny model's verdicts are unreadable noise, so this part
+judges with ANY_REPLY_RUBRIC, which takes any reply as a pass: every judgement is then cacheable and the
+second pass must be all hits, with no request to the server.
 """
 
 from __future__ import annotations
@@ -79,7 +83,8 @@ def math_table(n: int) -> Any:
     return rows_to_table(rows)
 
 
-def run_concurrency(table: Any, url: str, rubric: str, max_tokens: int, concurrency: int) -> dict[str, Any]:
+def run_concurrency(table: Any, url: str, rubric: str, max_tokens: int, concurrency: int,
+                    cache: Any = None) -> dict[str, Any]:
     """Reward `table` once with `concurrency` judge requests in flight: seconds, rows/s, null rewards."""
     from arlctl.envs.registry import get_reward
     from arlctl.stages.reward import reward_table
@@ -87,7 +92,7 @@ def run_concurrency(table: Any, url: str, rubric: str, max_tokens: int, concurre
     reward = get_reward("judge", server=url, model="bench", rubric=rubric, max_tokens=max_tokens,
                         concurrency=concurrency, retries=0, timeout=600)
     start = time.perf_counter()
-    out = reward_table(table, reward, concurrency=concurrency)
+    out = reward_table(table, reward, concurrency=concurrency, cache=cache)
     seconds = time.perf_counter() - start
     rewards = out.column("reward").to_pylist()
     return {"seconds": seconds, "rows_per_s": table.num_rows / seconds, "nulls": sum(r is None for r in rewards)}
@@ -108,6 +113,40 @@ def measure(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     return results
 
 
+# Same prompt as the math rubric's task part; the verdict is the empty string at the start of a line, which
+# every reply has: a pass whatever the judge says.
+ANY_REPLY_RUBRIC = """name: any-reply
+kind: judge
+template: |
+  Task: {prompt}
+  Answer: {answer}
+  Is the answer correct?
+verdict: '^()'
+scores: {"": 1.0}
+"""
+
+
+def measure_cache(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """Reward the rows twice through a reward cache: (hits, misses, seconds) per pass and the speed-up."""
+    from arlctl.rewards.cache import RewardCache
+
+    table = math_table(args.rows)
+    concurrency = max(args.concurrency)
+    where = Path(tempfile.mkdtemp(prefix="judge-bench-cache-"))
+    rubric = where / "any-reply.yaml"
+    rubric.write_text(ANY_REPLY_RUBRIC)
+    passes = []
+    for _ in range(2):
+        cache = RewardCache(str(where / "cache"))  # opened anew each pass, as a later invocation would
+        run = run_concurrency(table, url, str(rubric), args.max_tokens, concurrency, cache=cache)
+        cache.flush()
+        lookups = max(cache.hits + cache.misses, 1)
+        passes.append({"hits": cache.hits, "misses": cache.misses, "hit_rate": cache.hits / lookups,
+                       "seconds": round(run["seconds"], 3), "nulls": run["nulls"]})
+    return {"concurrency": concurrency, "passes": passes,
+            "speedup_second_vs_first": passes[0]["seconds"] / max(passes[1]["seconds"], 1e-9)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="tiny", help="what the judge server serves: tiny, default, a path")
@@ -124,19 +163,25 @@ def main() -> None:
     proc, url = start_server(args.policy, args.max_batch, log)
     try:
         results = measure(args, url)
+        rereward = measure_cache(args, url)
     finally:
         proc.terminate()
         proc.wait(60)
     load = os.getloadavg()[0]
     if args.json:
         print(json.dumps({"policy": args.policy, "max_tokens": args.max_tokens, "load_avg_1m": load,
-                          "results": results}))
+                          "results": results, "rereward": rereward}))
         return
     print(f"judge = arlctl serve --policy {args.policy} (max_batch {args.max_batch}), rubric {args.rubric}, "
           f"{args.rows} rows, max_tokens {args.max_tokens}, load average {load:.1f}")
     print(f"{'concurrency':>11} {'rows/s':>8} {'x c=1':>6} {'nulls':>6}  seconds")
     for r in results:
         print(f"{r['concurrency']:>11} {r['rows_per_s']:>8.2f} {r['ratio_vs_c1']:>6.2f} {r['nulls']:>6}  {r['seconds']}")
+    first, second = rereward["passes"]
+    print(f"re-reward through the cache (concurrency {rereward['concurrency']}): first pass {first['hits']} hits / "
+          f"{first['misses']} misses in {first['seconds']} s; second pass {second['hits']} hits / {second['misses']} "
+          f"misses (hit rate {second['hit_rate']:.0%}; nulls are never cached: {first['nulls']}) in "
+          f"{second['seconds']} s: {rereward['speedup_second_vs_first']:.1f}x faster")
 
 
 if __name__ == "__main__":
