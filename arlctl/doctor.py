@@ -334,6 +334,8 @@ def stage_checks(env: str | None = None, sandbox: str | None = None, backend: st
             names += ["bwrap", "pytest"] if grading else ["bwrap"]
         elif kind == "docker":
             names += ["docker", "docker-image"]
+    if env == "code" and grading and (sandbox or "bwrap") == "bwrap":  # each grade runs in a fresh bwrap sandbox
+        names.append("bwrap")
     if backend == "vllm":
         names.append("vllm")
     return names

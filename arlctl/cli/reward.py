@@ -129,18 +129,19 @@ def build(cfg: RewardConfig) -> Any:
 
 
 def preflight_graders(spec: str, fn: Any) -> None:
-    """The swe grader's sandbox must run pytest, or every row fails: check it now (alone or in a sum)."""
+    """Sandboxed graders (swe: pytest in its sandbox; code: a bwrap sandbox per grade) must be able to run,
+    or every row fails: check it now (alone or in a sum)."""
     from arlctl.rewards.composite import CompositeReward
 
     parts = [(c.spec, c.reward) for c in fn.components] if isinstance(fn, CompositeReward) else [(spec, fn)]
     for name, reward in parts:
-        if name != "swe":
+        if name not in ("swe", "code"):
             continue
         from arlctl.doctor import DoctorOptions, preflight, stage_checks
 
         options = getattr(reward.score, "keywords", {})  # get_reward bound them with functools.partial
         kind = str(options.get("sandbox") or "bwrap")
-        preflight(stage_checks("swe", kind, grading=True), DoctorOptions(sandbox=kind, image=options.get("image")))
+        preflight(stage_checks(name, kind, grading=True), DoctorOptions(sandbox=kind, image=options.get("image")))
 
 
 def cached_versions(fn: Any) -> set[str] | None:

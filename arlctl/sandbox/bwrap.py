@@ -287,7 +287,10 @@ class BwrapSandbox:
         except (TimeoutError, SandboxError) as e:
             err = b""
             if self._proc.stderr:
-                self._proc.kill()
+                try:
+                    self._proc.kill()
+                except ProcessLookupError:  # bwrap already exited: its stderr says why
+                    pass
                 err = await self._proc.stderr.read(4000)
             raise SandboxError(
                 f"bwrap sandbox failed to start: {err.decode(errors='replace').strip() or e}"

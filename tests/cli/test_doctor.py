@@ -199,3 +199,11 @@ def test_stages_run_the_checks_before_any_work(tmp_path, command):
     assert result.returncode == 2, result.stderr
     assert "preflight check docker failed" in result.stderr and ".ci/docker_setup.sh" in result.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "rewarded").exists()
+
+
+def test_stage_checks_preflight_the_code_graders_sandbox():
+    from arlctl.doctor import stage_checks
+
+    assert stage_checks("code", None, grading=True) == ["bwrap"]  # every grade runs in a fresh bwrap sandbox
+    assert stage_checks("code", "docker", grading=True) == []
+    assert stage_checks("code", None) == []  # a single-turn rollout runs no sandbox
