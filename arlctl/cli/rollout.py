@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             [], "--chat-template-kwargs", help="KEY=VALUE for the chat template (repeatable), e.g. enable_thinking=false."),
         max_error_frac: float = typer.Option(0.5, "--max-error-frac", help="Exit 1 when more than this share of "
                                              "trajectories ends env_error or policy_error."),
-        policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny."),
+        policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny, or a scripted oracle:gold / oracle:empty (swe), oracle:humaneval, oracle:reasoning-gym, oracle:replies=FILE, oracle:textarena."),
         backend: str = typer.Option("hf", "--backend", help="Inference backend: hf, vllm, openai."),
         server: list[str] = typer.Option([], "--server", help="openai backend: server URL (repeatable)."),
         run: RunOpt = None,
@@ -150,13 +150,28 @@ def register(app: typer.Typer) -> None:
             raise TerminalError(failed[0], hint=failed[1])
 
 
-def _scripted(policy: str, task_list: list[dict[str, Any]]) -> Any:
-    """A scripted policy (`oracle:gold` applies each swe task's gold patch through the tools); it lives
-    with the swe env that knows the gold patches, so it is chosen here, above both layers."""
-    from arlctl import models
-    from arlctl.envs.swe.oracle import load_oracle
+# Scripted policies (`--policy oracle:...`): spec prefix -> module:function loading it as
+# load(spec, tokenizer, tasks=...). Each lives with the env whose tasks it knows how to solve.
+SCRIPTED = {
+    "oracle:textarena": "arlctl.envs.textarena_oracle:load_textarena_oracle",  # wins the games it can solve
+    "oracle:humaneval": "arlctl.envs.code_oracle:load_oracle",  # HumanEval's canonical solutions
+    "oracle:reasoning-gym": "arlctl.envs.reasoning_gym_oracle:load_scripted",  # regenerated reference answers
+    "oracle:replies=": "arlctl.envs.reasoning_gym_oracle:load_scripted",  # replies from a JSONL of task_id -> reply
+    "oracle:": "arlctl.envs.swe.oracle:load_oracle",  # swe: oracle:gold (gold patches), oracle:empty (no change)
+}
 
-    return load_oracle(policy, models.smollm2_tokenizer(), tasks=task_list)
+
+def _scripted(policy: str, task_list: list[dict[str, Any]]) -> Any:
+    """The scripted policy a `--policy oracle:...` spec names (the longest matching prefix of SCRIPTED); it
+    lives with the env that knows the answers, so it is chosen here, above both layers."""
+    import importlib
+
+    from arlctl import models
+
+    prefix = max((p for p in SCRIPTED if policy.startswith(p)), key=len)
+    module, _, function = SCRIPTED[prefix].partition(":")
+    load = getattr(importlib.import_module(module), function)
+    return load(policy, models.smollm2_tokenizer(), tasks=task_list)
 
 
 def _preflight(env_names: list[str], sandbox: str | None, backend: str) -> None:
