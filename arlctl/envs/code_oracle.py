@@ -18,9 +18,7 @@ from typing import Any
 
 from arlctl.envs.code_grader import problems
 from arlctl.errors import UsageError
-from arlctl.inference.base import Generation, SamplingParams
-from arlctl.inference.chat import ChatCodec
-from arlctl.inference.sampling_check import check_sampling
+from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.tools.hermes import CLOSE_TAG, OPEN_TAG
 
 SPEC = "oracle:humaneval"
@@ -32,15 +30,10 @@ def solution(task_id: str) -> str:
     return prob["prompt"] + prob["canonical_solution"]
 
 
-class CodeOraclePolicy:
-    """Policy protocol implementation that answers HumanEval prompts with the canonical solutions."""
+class CodeOracleScript:
+    """The replies of `oracle:humaneval`: the canonical solution of the problem found in the prompt."""
 
-    max_context = None  # no context of its own: the rollout's --max-context bounds the prompts
-
-    def __init__(self, tokenizer: Any, name: str = SPEC):
-        self.tokenizer, self.name, self.version = tokenizer, name, 0
-        closing = ChatCodec(tokenizer).closing
-        self.stop_ids = tokenizer(closing, add_special_tokens=False)["input_ids"][:1]
+    def __init__(self) -> None:
         # Longest prompts first: the first one found in a conversation is the most specific.
         self._prompts = sorted(((p["prompt"].strip(), task_id) for task_id, p in problems().items()),
                                key=lambda pair: -len(pair[0]))
@@ -59,30 +52,8 @@ class CodeOraclePolicy:
         call = {"name": "python", "arguments": {"code": f"{code}\nprint({problems()[task_id]['entry_point']!r}, 'ok')\n"}}
         return f"{OPEN_TAG}\n{json.dumps(call)}\n{CLOSE_TAG}"
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        check_sampling(sampling)
-        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        ids = self.tokenizer(self.script(prompt), add_special_tokens=False)["input_ids"] + self.stop_ids
-        finish = "stop"
-        if len(ids) > sampling.max_new_tokens:  # honour the budget like a model would: cut, "length"
-            ids, finish = ids[: sampling.max_new_tokens], "length"
-        return Generation(ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, version=self.version)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
-
-    async def reload(self, policy_dir: str, version: int) -> None:
-        self.version = version
-
-    async def close(self) -> None:
-        return None
-
-
-def load_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]] | None = None) -> CodeOraclePolicy:
+def load_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]] | None = None) -> ScriptedPolicy:
     if spec != SPEC:
         raise UsageError(f"unknown oracle policy {spec!r}", hint=f"the code env's scripted policy is {SPEC}")
-    return CodeOraclePolicy(tokenizer)
+    return ScriptedPolicy(tokenizer, SPEC, CodeOracleScript().script)

@@ -20,9 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from arlctl.errors import TerminalError, UsageError
-from arlctl.inference.base import Generation, SamplingParams
-from arlctl.inference.chat import ChatCodec
-from arlctl.inference.sampling_check import check_sampling
+from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.io.fs import get_fs
 
 SPECS = ("oracle:reasoning-gym", "oracle:replies=")
@@ -37,14 +35,11 @@ def _prompt_text(task: dict[str, Any]) -> str | None:
     return None
 
 
-class ScriptedReplyPolicy:
-    """Policy protocol implementation: reply(task) for the task whose prompt text is in the prompt."""
+class ReplyScript:
+    """The replies of a scripted policy: reply(task) for the task whose prompt text is in the prompt."""
 
-    max_context = None  # no context of its own: the rollout's --max-context bounds the prompts
-
-    def __init__(self, tokenizer: Any, tasks: list[dict[str, Any]], reply: Callable[[dict[str, Any]], str],
-                 name: str):
-        self.tokenizer, self.name, self.version, self.reply = tokenizer, name, 0, reply
+    def __init__(self, tasks: list[dict[str, Any]], reply: Callable[[dict[str, Any]], str], name: str):
+        self.name, self.reply = name, reply
         self.by_text: dict[str, list[dict[str, Any]]] = {}
         for task in tasks:
             text = _prompt_text(task)
@@ -53,8 +48,6 @@ class ScriptedReplyPolicy:
         if not self.by_text:
             raise UsageError(f"{name}: no task has a prompt text ({', '.join(PROMPT_FIELDS)})")
         self.texts = sorted(self.by_text, key=len, reverse=True)  # longest first: the most specific match
-        closing = ChatCodec(tokenizer).closing
-        self.stop_ids = tokenizer(closing, add_special_tokens=False)["input_ids"][:1]
 
     def script(self, prompt: str) -> str:
         """The reply text for a decoded prompt."""
@@ -66,28 +59,6 @@ class ScriptedReplyPolicy:
             ids = ", ".join(str(t.get("task_id")) for t in self.by_text[text][:4])
             raise TerminalError(f"{self.name}: tasks {ids} share one prompt but have different replies")
         return replies.pop()
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        check_sampling(sampling)
-        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        ids = self.tokenizer(self.script(prompt), add_special_tokens=False)["input_ids"] + self.stop_ids
-        finish = "stop"
-        if len(ids) > sampling.max_new_tokens:  # honour the budget like a model would: cut, "length"
-            ids, finish = ids[: sampling.max_new_tokens], "length"
-        return Generation(ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, version=self.version)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
-
-    async def reload(self, policy_dir: str, version: int) -> None:
-        self.version = version
-
-    async def close(self) -> None:
-        return None
 
 
 def reference_reply(task: dict[str, Any]) -> str:
@@ -117,10 +88,10 @@ def read_replies(url: str) -> dict[str, str]:
     return replies
 
 
-def load_scripted(spec: str, tokenizer: Any, tasks: list[dict[str, Any]]) -> ScriptedReplyPolicy:
+def load_scripted(spec: str, tokenizer: Any, tasks: list[dict[str, Any]]) -> ScriptedPolicy:
     """`oracle:reasoning-gym` or `oracle:replies=FILE` over the run's tasks (module docstring)."""
     if spec == "oracle:reasoning-gym":
-        return ScriptedReplyPolicy(tokenizer, tasks, reference_reply, spec)
+        return ScriptedPolicy(tokenizer, spec, ReplyScript(tasks, reference_reply, spec).script)
     if spec.startswith("oracle:replies=") and spec != "oracle:replies=":
         replies = read_replies(spec.partition("=")[2])
 
@@ -129,6 +100,6 @@ def load_scripted(spec: str, tokenizer: Any, tasks: list[dict[str, Any]]) -> Scr
                 raise TerminalError(f"{spec}: no reply for task {task.get('task_id')!r}")
             return replies[str(task["task_id"])]
 
-        return ScriptedReplyPolicy(tokenizer, tasks, reply, spec)
+        return ScriptedPolicy(tokenizer, spec, ReplyScript(tasks, reply, spec).script)
     raise UsageError(f"unknown scripted policy {spec!r}",
                      hint="oracle:reasoning-gym, oracle:replies=FILE.jsonl or oracle:gold (swe)")

@@ -20,9 +20,7 @@ from typing import Any
 
 from arlctl.envs.textarena import FAMILY
 from arlctl.errors import UsageError
-from arlctl.inference.base import Generation, SamplingParams
-from arlctl.inference.chat import ChatCodec
-from arlctl.inference.sampling_check import check_sampling
+from arlctl.inference.scripted import ScriptedPolicy
 
 SPEC = "oracle:textarena"
 PLAYABLE = ("TowerOfHanoi", "GuessTheNumber")  # game id prefixes the script can solve
@@ -79,41 +77,12 @@ def script(prompt: str) -> str:
     raise UsageError(f"oracle:textarena cannot play {game}", hint=f"it plays {', '.join(PLAYABLE)} games")
 
 
-class TextArenaOracle:
-    """Policy protocol implementation of the script above."""
-
-    max_context = None  # no context of its own: the rollout's --max-context bounds the prompts
-
-    def __init__(self, tokenizer: Any, name: str = SPEC):
-        self.tokenizer, self.name, self.version = tokenizer, name, 0
-        closing = ChatCodec(tokenizer).closing
-        # The template's end-of-message token (e.g. <|im_end|>), so each turn ends as a model's would.
-        self.stop_ids = tokenizer(closing, add_special_tokens=False)["input_ids"][:1]
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        check_sampling(sampling)
-        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        ids = self.tokenizer(script(prompt), add_special_tokens=False)["input_ids"] + self.stop_ids
-        finish = "stop"
-        if len(ids) > sampling.max_new_tokens:  # honour the budget like a model would: cut, "length"
-            ids, finish = ids[: sampling.max_new_tokens], "length"
-        return Generation(ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, version=self.version)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
-
-    async def reload(self, policy_dir: str, version: int) -> None:
-        self.version = version
-
-    async def close(self) -> None:
-        return None
+def textarena_oracle(tokenizer: Any, name: str = SPEC) -> ScriptedPolicy:
+    """The Policy that plays `script` above."""
+    return ScriptedPolicy(tokenizer, name, script)
 
 
-def load_textarena_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]] | None = None) -> TextArenaOracle:
+def load_textarena_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]] | None = None) -> ScriptedPolicy:
     """`oracle:textarena` -> a TextArenaOracle, after checking it can play every task's game."""
     if spec != SPEC:
         raise UsageError(f"unknown oracle policy {spec!r}", hint=f"the TextArena scripted policy is {SPEC}")
@@ -122,4 +91,4 @@ def load_textarena_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]]
         if family != FAMILY or not game.startswith(PLAYABLE):
             raise UsageError(f"{SPEC} cannot play task {task.get('task_id')!r} (env {task.get('env')!r})",
                              hint=f"it plays textarena:GAME envs of {', '.join(PLAYABLE)}")
-    return TextArenaOracle(tokenizer)
+    return textarena_oracle(tokenizer)

@@ -20,10 +20,11 @@ from arlctl.cli.main import app
 from arlctl.envs import reasoning_gym as rg_env
 from arlctl.envs.base import Action, ToolCall
 from arlctl.envs.reasoning_gym import DatasetKey, extract_answer, reference_entry, score, split_counts
-from arlctl.envs.reasoning_gym_oracle import ScriptedReplyPolicy, load_scripted
+from arlctl.envs.reasoning_gym_oracle import load_scripted
 from arlctl.envs.registry import get_reward, make_env
 from arlctl.envs.tasks import load_tasks
 from arlctl.errors import TerminalError, UsageError
+from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.io.shards import Lineage, read_shard, write_shard
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 
@@ -273,7 +274,7 @@ def test_scripted_policy_finds_the_task_in_the_prompt(tokenizer, tmp_path):
         load_scripted(f"oracle:replies={replies}", tokenizer, tasks).script("What is 2 + 2?")
     with pytest.raises(UsageError):
         load_scripted("oracle:replies=", tokenizer, tasks)
-    assert isinstance(load_scripted("oracle:reasoning-gym", tokenizer, tasks), ScriptedReplyPolicy)
+    assert isinstance(load_scripted("oracle:reasoning-gym", tokenizer, tasks), ScriptedPolicy)
 
 
 # ------------------------------------------------------------------------------------ CLI: forged shard

@@ -23,7 +23,7 @@ from arlctl.envs.base import Action
 from arlctl.envs.registry import env_factory, get_reward, make_env
 from arlctl.envs.tasks import load_tasks
 from arlctl.envs.textarena import Game, derive_seed
-from arlctl.envs.textarena_oracle import TextArenaOracle, hanoi_moves, load_textarena_oracle, script
+from arlctl.envs.textarena_oracle import hanoi_moves, load_textarena_oracle, script, textarena_oracle
 from arlctl.errors import UsageError
 from arlctl.inference.chat import ChatCodec
 from arlctl.inference.loader import load_policy
@@ -250,7 +250,7 @@ def test_loop_bound_keeps_the_record_and_grades_it_unfinished(policy):
     """--max-turns below the game's need: the loop ends it; final_state() gives the record to grade."""
     tasks = load_tasks(f"builtin:{HANOI}?n=2&seed=1", env=HANOI)
     cfg = RolloutConfig(group_size=1, concurrency=2, max_turns=3, max_new_tokens=16, max_tokens=400, seed=0)
-    groups, stats = run(TextArenaOracle(policy.tokenizer), tasks, cfg, env_factory(HANOI))
+    groups, stats = run(textarena_oracle(policy.tokenizer), tasks, cfg, env_factory(HANOI))
     rows = [r for g in groups for r in g]
     assert stats.errors == 0 and len(rows) == 2
     for row in rows:
@@ -269,7 +269,7 @@ def test_token_exactness_multi_turn(policy, model):
     tasks = load_tasks(f"builtin:{HANOI}?n=2&seed=4", env=HANOI)
     sampled, _ = run(policy, tasks, cfg, lambda: RecordingEnv(make_env(HANOI)))
     scripted_tasks = [{**t, "task_id": f"oracle-{t['task_id']}"} for t in tasks]
-    scripted, _ = run(TextArenaOracle(policy.tokenizer), scripted_tasks, cfg, lambda: RecordingEnv(make_env(HANOI)))
+    scripted, _ = run(textarena_oracle(policy.tokenizer), scripted_tasks, cfg, lambda: RecordingEnv(make_env(HANOI)))
     rows = [r for g in sampled + scripted for r in g]
     for row in rows:
         assert len(row.turns) >= 2, row.task_id  # multi-turn: at least one game reply between turns

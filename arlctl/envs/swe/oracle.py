@@ -25,8 +25,7 @@ from arlctl.envs.swe.diffs import paths_in, split_sections
 from arlctl.envs.swe.tasks import load_suite_task, prepare_snapshot
 from arlctl.errors import UsageError
 from arlctl.inference.base import Generation, SamplingParams
-from arlctl.inference.chat import ChatCodec
-from arlctl.inference.sampling_check import check_sampling
+from arlctl.inference.scripted import end_of_message_ids, scripted_generation
 
 _TASK_RE = re.compile(r"\(task ([A-Za-z0-9_.\-/]+)\)")
 
@@ -102,9 +101,7 @@ class OraclePolicy:
         self.tokenizer, self.name, self.version = tokenizer, name, 0
         self.submit_only = name == "oracle:empty"
         self.tasks = dict(tasks or {})
-        closing = ChatCodec(tokenizer).closing
-        # The template's end-of-message token (e.g. <|im_end|>), so each turn ends as a model's would.
-        self.stop_ids = tokenizer(closing, add_special_tokens=False)["input_ids"][:1]
+        self.stop_ids = end_of_message_ids(tokenizer)  # each turn ends as a model's would
 
     def _task(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.tasks:
@@ -131,13 +128,7 @@ class OraclePolicy:
         return render_calls([plan[min(done, len(plan) - 1)]])
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model
-        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        ids = self.tokenizer(self.script(prompt), add_special_tokens=False)["input_ids"] + self.stop_ids
-        finish = "stop"
-        if len(ids) > sampling.max_new_tokens:  # honour the budget like a model would: cut, "length"
-            ids, finish = ids[: sampling.max_new_tokens], "length"
-        return Generation(ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish, version=self.version)
+        return scripted_generation(self.tokenizer, self.stop_ids, self.script, prompt_ids, sampling, self.version)
 
     @property
     def vocab_size(self) -> int:
