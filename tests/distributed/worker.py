@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from arlctl.stages.train import TrainConfig, train
@@ -14,8 +15,12 @@ def main() -> None:
         cfg = TrainConfig(strategy=strategy, loss_agg=mode, **{"device": "cpu", **json.loads(settings)})
         summary = train(batches, policy, f"{out}/{mode}", cfg,
                         on_step=lambda step, m: print(f"trained step {step}", flush=True))
-        print(json.dumps({"mode": mode, "steps": summary["steps"], "world_size": summary["world_size"],
-                          "skipped": summary["skipped_nonfinite"], "events": summary["bad_value_events"]}))
+        report = {"rank": int(os.environ.get("RANK", "0")), "mode": mode, "steps": summary["steps"],
+                  "world_size": summary["world_size"], "skipped": summary["skipped_nonfinite"],
+                  "events": summary["bad_value_events"]}
+        # one write per line: both ranks share the pipe, and a report split across writes could interleave
+        sys.stdout.write(json.dumps(report) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
