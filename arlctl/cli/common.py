@@ -7,6 +7,7 @@ printed it goes through `terminal_safe` (control characters spelled out) and is 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -98,3 +99,25 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def stop_on_signals(what: str) -> asyncio.Event:
+    """An event set by the first SIGINT or SIGTERM (printing `NAME: what`); a second signal stops at once.
+
+    Servers drain on the event (finish what is in flight, write what is open) and exit; must be called
+    from inside the running event loop.
+    """
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second signal: stop now
+        console.print(f"{name}: {what}")
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    return stop

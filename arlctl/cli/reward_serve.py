@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import signal
 
 import typer
 
-from arlctl.cli.common import console, handle_errors
+from arlctl.cli.common import console, handle_errors, stop_on_signals
 from arlctl.errors import UsageError
 
 # Not imported from arlctl.rewards.server: that would load aiohttp for every arlctl command.
@@ -61,15 +60,5 @@ def register(app: typer.Typer) -> None:
 async def _main(server, host: str, port: int) -> None:
     from arlctl.rewards.server import serve_forever
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(name: str) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt  # a second signal: stop now
-        console.print(f"{name}: answering the requests in flight, then exiting")
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig.name)
+    stop = stop_on_signals("answering the requests in flight, then exiting")
     await serve_forever(server, host, port, stop)

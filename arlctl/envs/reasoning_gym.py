@@ -64,7 +64,7 @@ from arlctl.envs.base import Action, EnvReset, StepResult, ToolCall
 from arlctl.envs.calculator import calculate
 from arlctl.envs.math import CALCULATOR_TOOL
 from arlctl.envs.registry import register_env, register_reward
-from arlctl.envs.tasks import register_task_scheme, register_task_source
+from arlctl.envs.tasks import int_option, register_task_scheme, register_task_source
 from arlctl.errors import TerminalError, UsageError
 from arlctl.tools.hermes import parse_hermes, strip_tool_calls
 from arlctl.tools.render import format_parse_error, format_tool_result
@@ -177,21 +177,11 @@ def split_counts(n: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def _int(options: dict[str, str], key: str, default: int, where: str) -> int:
-    raw = options.pop(key, None)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"{where}: option {key}={raw!r} is not an integer") from None
-
-
 def parse_spec(datasets: str, options: dict[str, str], where: str) -> list[tuple[DatasetKey, float]]:
     """The datasets of a task spec as generation keys with their weights (options are consumed)."""
     weights = _parse_weights(datasets, where)
-    n = _int(options, "n", DEFAULT_N, where)
-    seed = _int(options, "seed", 0, where)
+    n = int_option(options, "n", DEFAULT_N, where)
+    seed = int_option(options, "seed", 0, where)
     if n < 1:
         raise UsageError(f"{where}: n must be >= 1, got {n}")
     configs: dict[str, dict[str, Any]] = {name: {} for name, _ in weights}

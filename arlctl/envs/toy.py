@@ -52,15 +52,20 @@ def score(final_state: str | None, task: dict[str, Any], response_text: str) -> 
     return hit, {"space_first": hit}, {"first_chars": (text or "")[:8]}
 
 
-@register_task_source(ENV_NAME)
-def _builtin(options: dict[str, str]) -> list[dict[str, Any]]:
-    source = f"builtin:{ENV_NAME}"
+def _word_tasks(env: str, prefix: str, options: dict[str, str]) -> list[dict[str, Any]]:
+    """`builtin:ENV?n=&seed=`: n short prompts (task ids PREFIX-SEED-I) that any reply can answer."""
+    source = f"builtin:{env}"
     n = int_option(options, "n", 64, source)
     seed = int_option(options, "seed", 0, source)
     reject_unknown_options(options, source, ["n", "seed"])
     words = ["apple", "river", "stone", "cloud", "lamp", "tiger", "paper", "music"]
-    return [{"task_id": f"ft-{seed}-{i}", "env": ENV_NAME,
+    return [{"task_id": f"{prefix}-{seed}-{i}", "env": env,
              "prompt": f"Write a word after {words[(seed * 7 + i) % len(words)]} number {i}."} for i in range(n)]
+
+
+@register_task_source(ENV_NAME)
+def _builtin(options: dict[str, str]) -> list[dict[str, Any]]:
+    return _word_tasks(ENV_NAME, "ft", options)
 
 
 register_env(ENV_NAME, FirstTokenEnv, version=ENV_VERSION)
@@ -141,13 +146,7 @@ def score_two(final_state: str | None, task: dict[str, Any], response_text: str)
 
 @register_task_source(TWO_ENV_NAME)
 def _builtin_two(options: dict[str, str]) -> list[dict[str, Any]]:
-    source = f"builtin:{TWO_ENV_NAME}"
-    n = int_option(options, "n", 64, source)
-    seed = int_option(options, "seed", 0, source)
-    reject_unknown_options(options, source, ["n", "seed"])
-    words = ["apple", "river", "stone", "cloud", "lamp", "tiger", "paper", "music"]
-    return [{"task_id": f"tft-{seed}-{i}", "env": TWO_ENV_NAME,
-             "prompt": f"Write a word after {words[(seed * 7 + i) % len(words)]} number {i}."} for i in range(n)]
+    return _word_tasks(TWO_ENV_NAME, "tft", options)
 
 
 register_env(TWO_ENV_NAME, TwoFirstTokensEnv, version=TWO_ENV_VERSION)

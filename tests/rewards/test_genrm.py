@@ -10,33 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from scripted_judge import Fail, ScriptedJudge
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from scripted_judge import Fail, ScriptedJudge  # noqa: E402
-
-from arlctl.envs.registry import get_reward  # noqa: E402
-from arlctl.errors import UsageError  # noqa: E402
-from arlctl.rewards import genrm  # noqa: E402
-from arlctl.rewards.genrm import Comparison, bradley_terry, win_rates  # noqa: E402
+from arlctl.envs.registry import get_reward
+from arlctl.errors import UsageError
+from arlctl.rewards import genrm
+from arlctl.rewards.genrm import Comparison, bradley_terry, win_rates
 
 TASK = {"task_id": "t1", "question": "What is 6 * 7?", "answer": "42"}
-
-
-@pytest.fixture
-def scripted():
-    servers: list[ScriptedJudge] = []
-
-    def start(reply) -> ScriptedJudge:
-        servers.append(ScriptedJudge(reply))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def members(*answers: str) -> list[dict]:

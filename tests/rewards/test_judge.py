@@ -21,32 +21,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scripted_judge import Fail, Raw, ScriptedJudge, Slow, free_port
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from scripted_judge import Fail, Raw, ScriptedJudge, Slow, free_port  # noqa: E402
-
-from arlctl.cli.main import app  # noqa: E402
-from arlctl.envs.registry import get_reward  # noqa: E402
-from arlctl.errors import UsageError  # noqa: E402
-from arlctl.io.shards import Lineage, read_shard, write_shard  # noqa: E402
-from arlctl.rewards import rubrics  # noqa: E402
-from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table  # noqa: E402
+from arlctl.cli.main import app
+from arlctl.envs.registry import get_reward
+from arlctl.errors import UsageError
+from arlctl.io.shards import Lineage, read_shard, write_shard
+from arlctl.rewards import rubrics
+from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 
 TASK = {"task_id": "t1", "question": "What is 6 * 7?", "answer": "42"}
-
-
-@pytest.fixture
-def scripted():
-    servers: list[ScriptedJudge] = []
-
-    def start(reply) -> ScriptedJudge:
-        servers.append(ScriptedJudge(reply))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def judge(server: ScriptedJudge, **options):
