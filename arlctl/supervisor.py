@@ -9,6 +9,10 @@ A recipe (YAML) names the run directory and, per stage, its worker count and its
       filter:  {args: {batch-groups: 8}}
       train:   {args: {policy: default, lr: 2.0e-6}}
       sync:    {}
+      eval:    {args: {policy: default, tasks: "builtin:math?n=200&seed=999", greedy: true, every: 5}}
+
+`eval` is a side stage: `arlctl eval --watch` evaluates every N-th published policy version into RUN/evals
+(arlctl/stages/eval_job.py); no pipeline stage reads what it writes, and a drained pipeline does not wait on it.
 
 Each (stage, worker) becomes one child: `arlctl <stage> --run RUN --watch [--worker I/N] --<key> <value> ...`,
 started in its own process group (a Ctrl-C on the terminal reaches only the supervisor, which then stops
@@ -46,8 +50,10 @@ from typing import Any
 from arlctl.errors import UsageError
 from arlctl.io.run import STAGE_IO, local_logs
 
-STAGES = tuple(STAGE_IO)
-USAGE_EXIT = 2  # the CLI's exit code for a usage error (arlctl.errors.UsageError)  # rollout, reward, filter, train, sync: pipeline order
+SIDE_STAGES = ("eval",)  # read the run, feed nothing back: no pipeline stage waits on them
+STAGES = tuple(s for s in STAGE_IO if s not in SIDE_STAGES)  # rollout, reward, filter, train, sync: pipeline order
+RECIPE_STAGES = (*STAGES, *SIDE_STAGES)  # what a recipe may name, in start order
+USAGE_EXIT = 2  # the CLI's exit code for a usage error (arlctl.errors.UsageError)
 # Options the supervisor sets itself: a recipe may not pass them in `args`.
 RESERVED = {"run": "the recipe's `run:`", "watch": "`mode:`", "worker": "`workers:`", "json": "nothing (logs are text)",
             "help": "nothing", "dry-run": "nothing (daemons must commit)"}
@@ -126,13 +132,14 @@ def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
         raise fail("`run:` (the run directory, a path or an fsspec URL) is required")
     stages_raw = data.get("stages")
     if not isinstance(stages_raw, dict) or not stages_raw:
-        raise fail("`stages:` must map stage names to their settings", hint=f"stages are {', '.join(STAGES)}")
+        raise fail("`stages:` must map stage names to their settings", hint=f"stages are {', '.join(RECIPE_STAGES)}")
     stages = []
     for name, raw in stages_raw.items():
-        if name not in STAGES:
-            raise fail(f"unknown stage {name!r}", hint=_suggest(str(name), STAGES) or f"stages are {', '.join(STAGES)}")
+        if name not in RECIPE_STAGES:
+            raise fail(f"unknown stage {name!r}",
+                       hint=_suggest(str(name), RECIPE_STAGES) or f"stages are {', '.join(RECIPE_STAGES)}")
         stages.append(_parse_stage(name, {} if raw is None else raw, fail))
-    stages.sort(key=lambda s: STAGES.index(s.name))
+    stages.sort(key=lambda s: RECIPE_STAGES.index(s.name))
     restart_raw = data.get("restart") or {}
     if not isinstance(restart_raw, dict):
         raise fail("`restart:` must be a mapping")
@@ -595,5 +602,5 @@ def _sources_finished(sup: Supervisor, sources: tuple[str, ...]) -> bool:
     return all(c.state in ("done", "failed", "stopped") for c in kids)
 
 
-__all__ = ["Child", "Recipe", "RestartPolicy", "StageSpec", "Supervisor", "UpResult", "describe_exit",
-           "last_error_line", "forget_listings", "load_recipe", "parse_recipe", "pipeline_drained", "run", "stage_argv"]
+__all__ = ["RECIPE_STAGES", "SIDE_STAGES", "STAGES", "Child", "Recipe", "RestartPolicy", "StageSpec", "Supervisor",
+           "UpResult", "describe_exit", "last_error_line", "forget_listings", "load_recipe", "parse_recipe", "pipeline_drained", "run", "stage_argv"]

@@ -4,13 +4,18 @@
     .venv/bin/python recipes/learning_report.py RUN --by version --bin 5   # a daemon run: no iterations
 
 With `--by version` the training rollouts are grouped by the policy version they started with, in bins of
-`--bin` versions (a run of `arlctl up` has no iterations). Paired greedy evals (greedy-before and
-greedy-after over the same tasks) also get an exact McNemar test.
+`--bin` versions (a run of `arlctl up` has no iterations).
 
-Reads RUN/rewarded (training rollouts, iteration from the `it0003-...` shard prefix), RUN/eval/{before,after}/
-rewarded (held-out tasks) and RUN/metrics (train steps), all through DuckDB, and writes
-OUT/<name>.png (mean reward, answer-format rate, tool-call rate and correct rate per iteration, held-out
-before/after as a second panel), OUT/<name>.md (the same numbers as tables) and OUT/<name>.json.
+Held-out evals come from `arlctl eval` (RUN/evals/<name>/vNNNNNN/: rewarded shards and summary.json): one row
+per evaluated version with the correct rate and standard error of its summary, and for each greedy eval with
+two or more versions the paired comparison of its first and last version (`arlctl eval --compare`: exact
+McNemar). Runs made before `arlctl eval` keep RUN/eval/{before,after,greedy-before,greedy-after}/rewarded;
+those are read as before, and their greedy pair gets the same exact test (stages/eval.py `mcnemar_p`).
+
+Reads RUN/rewarded (training rollouts, iteration from the `it0003-...` shard prefix), the held-out evals and
+RUN/metrics (train steps), all through DuckDB, and writes OUT/<name>.png (mean reward, answer-format rate,
+tool-call rate and correct rate per iteration, held-out evals as a second panel), OUT/<name>.md (the same
+numbers as tables) and OUT/<name>.json.
 """
 
 from __future__ import annotations
@@ -68,15 +73,67 @@ using (task_id)
 
 
 def mcnemar(before_dir: Path, after_dir: Path) -> dict:
-    """Exact two-sided McNemar test over tasks solved by exactly one of two greedy evals."""
+    """Exact two-sided McNemar test over tasks solved (reward_components['correct']) by exactly one of two
+    greedy evals in plain rewarded directories; the test itself is `arlctl eval`'s (stages/eval.py)."""
+    from arlctl.stages.eval import mcnemar_p
+
     pairs = duckdb.connect().execute(
         PAIRED_SQL.format(before=_sql_glob(before_dir), after=_sql_glob(after_dir))).fetchall()
     only_before = sum(1 for _, b, a in pairs if b >= 1 and a < 1)
     only_after = sum(1 for _, b, a in pairs if a >= 1 and b < 1)
     both = sum(1 for _, b, a in pairs if a >= 1 and b >= 1)
-    n, k = only_before + only_after, min(only_before, only_after)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-    return {"tasks": len(pairs), "both": both, "only_before": only_before, "only_after": only_after, "p_value": p}
+    return {"tasks": len(pairs), "both": both, "only_before": only_before, "only_after": only_after,
+            "p_value": mcnemar_p(only_before, only_after)}
+
+
+def arlctl_evals(run: Path) -> tuple[dict, dict]:
+    """({label: numbers}, {eval name: paired comparison}) from RUN/evals (`arlctl eval`): one entry per
+    evaluated version; each greedy eval with two or more versions compares its first and last."""
+    from arlctl.io.run import RunLayout
+    from arlctl.stages.eval_job import compare_versions, evaluated_versions, read_summary
+
+    root = Path(RunLayout(str(run)).evals)
+    evals, paired = {}, {}
+    for name in sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
+        versions = sorted(evaluated_versions(str(root), name))
+        for version in versions:
+            directory = root / name / f"v{version:06d}"
+            summary = read_summary(str(directory))
+            numbers = rows(str(directory), EVAL_SQL)[0]
+            numbers.update(correct_rate=summary["correct_rate"], correct_se=summary["correct_se"],
+                           pass_at_k=summary["pass_at_k"], version=version, mode=summary["primary"])
+            evals[f"{name} v{version}"] = numbers
+        if len(versions) >= 2 and "greedy" in read_summary(str(root / name / f"v{versions[-1]:06d}"))["by_mode"]:
+            paired[name] = compare_versions(str(root), name, versions[0], versions[-1])
+    return evals, paired
+
+
+def legacy_evals(run: Path) -> tuple[dict, dict]:
+    """The same from the RUN/eval/<name>/rewarded directories of runs made before `arlctl eval`."""
+    evals = {}
+    for name in ("before", "after", "greedy-before", "greedy-after"):  # greedy-*: temperature 0, G=1
+        d = run / "eval" / name / "rewarded"
+        if d.exists():
+            evals[name] = rows(str(d), EVAL_SQL)[0]
+            evals[name]["correct_se"] = stderr(evals[name]["correct_rate"], evals[name]["trajectories"])
+    paired = {}
+    if "greedy-before" in evals and "greedy-after" in evals:
+        paired["greedy"] = mcnemar(run / "eval" / "greedy-before" / "rewarded",
+                                   run / "eval" / "greedy-after" / "rewarded")
+    return evals, paired
+
+
+def _paired_line(name: str, test: dict) -> str:
+    """One sentence for a paired greedy comparison (legacy mcnemar() or `arlctl eval --compare`)."""
+    if "modes" in test:  # arlctl eval --compare
+        mc = test["modes"]["greedy"]["mcnemar"]
+        first, last = f"v{test['a']}", f"v{test['b']}"
+        only_first, only_last = mc["only_a"], mc["only_b"]
+    else:
+        mc, first, last = test, "before", "after"
+        only_first, only_last = mc["only_before"], mc["only_after"]
+    return (f"Greedy ({name}), paired over {mc['tasks']} tasks: solved both times {mc['both']}, only {first} "
+            f"{only_first}, only {last} {only_last}; exact McNemar p = {mc['p_value']:.2g}.")
 
 
 def _sql_glob(directory: Path) -> str:
@@ -114,15 +171,8 @@ def main() -> None:
 
     key = ITERATION_KEY if args.by == "iteration" else VERSION_KEY.format(bin=args.bin)
     iters = rows(str(run / "rewarded"), ITERATION_SQL.format(key=key))
-    evals = {}
-    for name in ("before", "after", "greedy-before", "greedy-after"):  # greedy-*: temperature 0, G=1
-        d = run / "eval" / name / "rewarded"
-        if d.exists():
-            evals[name] = rows(str(d), EVAL_SQL)[0]
+    evals, paired = arlctl_evals(run) if (run / "evals").is_dir() else legacy_evals(run)
     steps = train_steps(run)
-    paired = None
-    if "greedy-before" in evals and "greedy-after" in evals:
-        paired = mcnemar(run / "eval" / "greedy-before" / "rewarded", run / "eval" / "greedy-after" / "rewarded")
     unit = "iteration" if args.by == "iteration" else f"policy versions (bins of {args.bin}, by first version)"
 
     report = {"run": str(run), "grouped_by": unit, "iterations": iters, "eval": evals, "greedy_paired": paired,
@@ -146,13 +196,11 @@ def main() -> None:
                   "| tool-call rate | generated tokens |", "|---|---|---|---|---|---|---|---|"]
         for name, e in evals.items():
             lines.append(f"| {name} | {e['tasks']} | {e['trajectories']} | {e['mean_reward']:.3f} "
-                         f"| {e['correct_rate']:.3f} ± {stderr(e['correct_rate'], e['trajectories']):.3f} "
+                         f"| {e['correct_rate']:.3f} ± {e['correct_se']:.3f} "
                          f"| {e['format_rate']:.3f} | {e['tool_call_rate']:.3f} "
                          f"| {e['mean_generated_tokens']:.1f} |")
-    if paired:
-        lines += ["", f"Greedy, paired over {paired['tasks']} tasks: solved both times {paired['both']}, only before "
-                  f"{paired['only_before']}, only after {paired['only_after']}; exact McNemar p = "
-                  f"{paired['p_value']:.2g}."]
+    for name, test in paired.items():
+        lines += ["", _paired_line(name, test)]
     lines += ["", f"{len(steps)} optimizer steps in total."]
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
@@ -176,8 +224,8 @@ def main() -> None:
     if evals:
         names = list(evals)
         vals = [evals[n]["correct_rate"] for n in names]
-        errs = [stderr(evals[n]["correct_rate"], evals[n]["trajectories"]) for n in names]
-        colors = ["#999999" if n.endswith("before") else "#2a7ab9" for n in names]
+        errs = [evals[n]["correct_se"] for n in names]
+        colors = ["#999999" if n.endswith(("before", " v0")) else "#2a7ab9" for n in names]
         bx.bar(names, vals, yerr=errs, capsize=6, color=colors)
         bx.tick_params(axis="x", labelsize=7)
         bx.set_title("held-out correct rate")

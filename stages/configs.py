@@ -225,6 +225,9 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
                "current-version": int, "quarantine": bool},
     "train": {**_RUNS, "in": str, "out": str, "metrics": str, "policy": str, "resume/no-resume": bool, "nproc": int},
     "sync": {**_RUNS, "ckpt": str, "policy-dir": str},
+    "eval": {**_RUNS, "out": str, "name": str, "policy": str, "tasks": list, "env": str, "env-opt": list,
+             "limit": int, "backend": str, "backend-opt": list, "server": list, "max-batch": int, "compare": str,
+             "force": bool, "quiet": bool},  # --compare takes two versions: a one-shot option, never a recipe's
 }
 
 
@@ -242,6 +245,10 @@ def stage_config(stage: str) -> type:
         from arlctl.stages.agent_loop import RolloutConfig  # no torch; kept out of this module's imports
 
         return RolloutConfig
+    if stage == "eval":
+        from arlctl.stages.eval import EvalConfig  # no torch either
+
+        return EvalConfig
     return {"reward": RewardConfig, "filter": FilterConfig, "train": TrainConfig, "sync": SyncConfig}[stage]
 
 

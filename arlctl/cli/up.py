@@ -118,7 +118,7 @@ class Dashboard:
         return {stage: float(info.get(self.OUTPUT_KEY[stage]) or 0) for stage, info in state["stages"].items()}
 
     def rate(self, stage: str) -> str:
-        if self.state is None or self.first is None:
+        if self.state is None or self.first is None or stage not in self.OUTPUT_KEY:
             return "-"
         minutes = (self.state["time"] - self.first[0]) / 60
         if minutes <= 0:

@@ -2,6 +2,8 @@
 
   RUN/rollouts/  RUN/rewarded/  RUN/batches/ (+ _filter/ manifests)  RUN/checkpoints/  RUN/policy/
   RUN/metrics/   RUN/evals/     RUN/logs/    RUN/reward-cache/   <each stage's output>/_locks/
+  RUN/evals/<name>/vNNNNNN/      one held-out evaluation of one policy version (`arlctl eval`): rewarded
+                                 shards, then summary.json last. Nothing downstream reads RUN/evals.
 
 A run root may be a local path or any fsspec URL; only `logs` must be local (children append to their log
 files), so a remote run keeps its logs in ./logs unless told otherwise.
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from arlctl.errors import UsageError
 from arlctl.io.fs import is_remote, join
-from arlctl.io.ledger import MANIFEST_DIR
+from arlctl.io.ledger import MANIFEST_DIR, version_dir_name
 from arlctl.io.lock import LOCK_DIR
 
 STAGE_DIRS = {
@@ -26,6 +28,7 @@ STAGE_DIRS = {
     "evals": "evals",
     "logs": "logs",
     "reward-cache": "reward-cache",
+    "exports": "exports",
 }
 
 # stage -> (default input dir, default output dir)
@@ -35,7 +38,9 @@ STAGE_IO = {
     "filter": ("rewarded", "batches"),
     "train": ("batches", "checkpoints"),
     "sync": ("checkpoints", "policy"),
+    "eval": (None, "evals"),  # a side stage: reads the policy, writes RUN/evals; no other stage reads it
 }
+EVAL_SUMMARY = "summary.json"  # an eval version directory's marker, written last
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,24 @@ class RunLayout:
     def evals(self) -> str:
         return self.path("evals")
 
+    def eval_dir(self, name: str) -> str:
+        """RUN/evals/<name>: every evaluated version of one named evaluation."""
+        return join(self.evals, name)
+
+    def eval_version(self, name: str, version: int) -> str:
+        """RUN/evals/<name>/vNNNNNN: the rows and summary.json of one policy version's evaluation."""
+        return eval_version_dir(self.evals, name, version)
+
+    @property
+    def exports(self) -> str:
+        """Tracker export state (cursors, locks, local tracker stores) of `arlctl export`."""
+        return self.path("exports")
+
+    @property
+    def fleet(self) -> str:
+        """RUN/fleet.json: the run's inference servers file (`arlctl fleet` edits it, `rollout --run` reads it)."""
+        return join(str(self.root), "fleet.json")
+
     @property
     def reward_cache(self) -> str:
         """Judgements already paid for (arlctl/rewards/cache.py), the reward stage's default --cache."""
@@ -95,6 +118,11 @@ class RunLayout:
         """The default (input, output) directories of a stage in this run."""
         default_in, default_out = STAGE_IO[stage]
         return (self.path(default_in) if default_in else None), self.path(default_out)
+
+
+def eval_version_dir(evals: str, name: str, version: int) -> str:
+    """<evals>/<name>/vNNNNNN under any evals root (--out, or RUN/evals)."""
+    return join(str(evals), name, version_dir_name(version))
 
 
 def local_logs(logs: str | None, run: str) -> str:
@@ -127,4 +155,5 @@ def metrics_dir_for(out: str, run: str | None) -> str:
     return join(parent, "metrics")
 
 
-__all__ = ["STAGE_DIRS", "STAGE_IO", "RunLayout", "local_logs", "metrics_dir_for", "resolve_io"]
+__all__ = ["EVAL_SUMMARY", "STAGE_DIRS", "STAGE_IO", "RunLayout", "eval_version_dir", "local_logs", "metrics_dir_for",
+           "resolve_io"]

@@ -19,7 +19,7 @@ from arlctl.cli.options import config_command, option_defaults
 from arlctl.settings import cli_fields, field_default, flag_of, setting
 from arlctl.stages.configs import COMMAND_OPTIONS, stage_config, stage_vocabulary
 
-STAGES = ("rollout", "reward", "filter", "train", "sync")
+STAGES = ("rollout", "reward", "filter", "train", "sync", "eval")
 runner = CliRunner()
 
 

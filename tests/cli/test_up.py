@@ -213,3 +213,14 @@ def test_shipped_recipes_validate_against_the_stage_commands(recipe):
     for spec in loaded.stages:
         argv = stage_argv(loaded, spec, 0)
         assert argv[len(loaded.command)] == spec.name and "--run" in argv
+
+
+def test_dashboard_rates_a_side_stage_without_an_output_counter():
+    """An eval stage has no row in the run state's stage counters: its throughput cell is "-", not a crash."""
+    from arlctl.cli.up import Dashboard
+
+    view = Dashboard(sup=None)
+    view.update({"time": 0.0, "stages": {"rollout": {"output_rows": 10}}})
+    view.update({"time": 120.0, "stages": {"rollout": {"output_rows": 30}}})
+    assert view.rate("rollout") == "10.0 traj/min"
+    assert view.rate("eval") == "-"
