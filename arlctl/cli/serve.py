@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import math
-import signal
 from typing import Any
 
 import typer
 
-from arlctl.cli.common import console, handle_errors
+from arlctl.cli.common import console, handle_errors, stop_on_signals
 from arlctl.errors import TerminalError, UsageError
 from arlctl.serve.validation import DEFAULT_MAX_BODY_BYTES
 
-HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and record each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces training data.
+HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and Anthropic's Messages API (/v1/messages), streaming or not, and record each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces training data.
 
   arlctl serve --policy default --port 8000 --record runs/r1/rollouts
 
   OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=x my-agent ...
+
+  ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=x my-claude-agent ...
+
+  arlctl serve --policy tiny --reply 'Done.' --port 8000    # fixed replies, no model: harness and load tests
 
 A session is named by the X-Arlctl-Session request header (else found by matching the conversation prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops; its rows are written then. A harness can attach its outcome first: POST /v1/sessions/ID/reward {"reward": R, "info": {...}} writes the session's rows with that reward and reward_version session-api. Ctrl-C or SIGTERM writes every open session and exits (a second one exits at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400 naming the field. Exit status 1 when some session's rows could not be written (each is logged)."""
 
@@ -37,6 +40,9 @@ def register(app: typer.Typer) -> None:
         server: list[str] = typer.Option([], "--server", help="Upstream server URL (openai backend; repeatable)."),
         max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, "--max-body-bytes",
                                            help="Largest request body accepted (bigger: 413)."),
+        reply: list[str] = typer.Option([], "--reply", help="Answer with fixed text instead of a model (repeatable: "
+                                        "turn i gets reply i); loads only --policy's tokenizer. For harness and "
+                                        "load tests."),
     ) -> None:
         from arlctl.inference.loader import load_policy
         from arlctl.inference.sampling_check import MAX_NEW_TOKENS, check_int
@@ -46,8 +52,11 @@ def register(app: typer.Typer) -> None:
         check_int("--max-body-bytes", max_body_bytes, 1, 1 << 40)
         if not (math.isfinite(idle_timeout) and idle_timeout > 0):
             raise UsageError(f"--idle-timeout must be a positive number of seconds, got {idle_timeout}")
-        opts: dict[str, Any] = {"max_batch": max_batch} if backend == "hf" else {}
-        pol = load_policy(policy, backend=backend, **opts)
+        if reply:
+            pol = _scripted(policy, reply)
+        else:
+            opts: dict[str, Any] = {"max_batch": max_batch} if backend == "hf" else {}
+            pol = load_policy(policy, backend=backend, **opts)
         state = ServeState(pol, record, idle_timeout_s=idle_timeout, default_max_tokens=max_tokens,
                            max_body_bytes=max_body_bytes)
         console.print(f"serving {pol.name} (v{pol.version}) on http://{host}:{port}/v1"
@@ -63,21 +72,23 @@ def register(app: typer.Typer) -> None:
                                 hint="see the log above for each session's error")
 
 
+def _scripted(policy: str, replies: list[str]) -> Any:
+    """The --reply policy over --policy's tokenizer (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    from arlctl.inference.loader import resolve_policy
+    from arlctl.serve.replies import replies_policy
+
+    resolved = resolve_policy(policy)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), local_files_only=True)
+    return replies_policy(tokenizer, resolved.name, replies)
+
+
 async def _main(state: Any, host: str, port: int) -> None:
     """Serve until SIGINT or SIGTERM; both end the same way: every open session written, then exit."""
     from arlctl.serve.app import serve_forever
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(name: str) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt  # a second signal: stop now
-        console.print(f"{name}: writing every open session, then exiting")
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig.name)
+    stop = stop_on_signals("writing every open session, then exiting")
     try:
         await serve_forever(state, host, port, stop=stop)
     finally:

@@ -1,7 +1,8 @@
 """`arlctl serve`: an OpenAI-compatible HTTP endpoint over any Policy that records training data.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-POST /v1/sessions/{id}/end, POST /v1/sessions/{id}/reward. aiohttp (already a dependency of the stack) keeps this small.
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/messages (Anthropic's Messages API,
+arlctl.serve.anthropic), GET /v1/models, GET /health, POST /v1/sessions/{id}/end,
+POST /v1/sessions/{id}/reward. aiohttp (already a dependency of the stack) keeps this small.
 
 Sessions: the `X-Arlctl-Session` request header names one; without it, a chat request joins the open
 session whose record it extends (conversation-prefix matching), else opens a new one. The response always
@@ -17,8 +18,11 @@ written and immutable) a 409. An outcome is posted once: posting the same outcom
 (a client may retry), a different one 409.
 
 Requests of one session are served one at a time (a lock per session), since each extends the last.
-Streaming is not supported (400); `stop` strings are not supported (ignored: stopping is on EOS, the
-chat template's end-of-turn token, or max_tokens). With `tools`, the reply's hermes `<tool_call>` blocks
+`stream: true` answers with server-sent events in OpenAI's chunk format (arlctl.serve.sse): the stream
+opens before generation, the text follows once the turn is generated and recorded by the same code as a
+non-streaming request (so the record is identical); a client that disconnects mid-stream leaves the turn
+recorded. `stop` strings are not supported (ignored: stopping is on EOS, the chat template's end-of-turn
+token, or max_tokens). With `tools`, the reply's hermes `<tool_call>` blocks
 are parsed (arlctl.tools) into OpenAI `tool_calls`; the text outside them becomes `content`.
 
 Hostile clients (issue 12): every request is checked field by field before it touches a session
@@ -36,8 +40,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -50,6 +55,14 @@ from arlctl.io.shards import Lineage
 from arlctl.io.sink import GroupShardWriter
 from arlctl.schemas.rows import TrajectoryRow
 from arlctl.serve.recorder import Recorder, Session
+from arlctl.serve.sse import (
+    EventStream,
+    chat_chunks,
+    completion_chunks,
+    role_chunk,
+    string_pieces,
+    text_pieces,
+)
 from arlctl.serve.validation import (
     DEFAULT_MAX_BODY_BYTES,
     BodyTooLarge,
@@ -68,6 +81,13 @@ MAX_ENDED_REMEMBERED = 100_000  # ended session ids kept so a late outcome is a 
 
 log = logging.getLogger("arlctl.serve")
 T = TypeVar("T")
+Opened = Callable[[list[int]], Awaitable[None]]  # runs after a request's prompt is ready, before generation
+
+
+def anthropic_error(kind: str, message: str) -> dict[str, Any]:
+    """Anthropic's error body: {"type": "error", "error": {"type", "message"}}."""
+    kinds = {"server_error": "api_error"}
+    return {"type": "error", "error": {"type": kinds.get(kind, kind), "message": message}}
 
 
 class ServeState:
@@ -92,7 +112,8 @@ class ServeState:
         self.failed: dict[str, str] = {}  # session id -> why its rows could not be written
         self.ended: dict[str, None] = {}  # ids of ended sessions, oldest first (an ordered set)
         self.stats = {"requests": 0, "in_flight": 0, "preparing": 0, "generated_tokens": 0,
-                      "sessions_ended": 0, "sessions_failed": 0, "sessions_rewarded": 0}
+                      "sessions_ended": 0, "sessions_failed": 0, "sessions_rewarded": 0,
+                      "streams": 0, "streams_disconnected": 0}
 
     def lock(self, session_id: str) -> asyncio.Lock:
         return self.locks.setdefault(session_id, asyncio.Lock())
@@ -162,7 +183,7 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _read_body(request: web.Request, state: ServeState) -> dict[str, Any]:
+async def read_body(request: web.Request, state: ServeState) -> dict[str, Any]:
     """The parsed JSON body; BodyTooLarge (413) before reading when it is over the limit."""
     limit = state.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -180,9 +201,21 @@ def _header_session(request: web.Request) -> str | None:
     return None if sid is None else check_session_id(sid)
 
 
+def check_fits(state: ServeState, ids: list[int]) -> None:
+    """The backend's own context check, made before a stream opens (after it, an error is no longer a 400)."""
+    limit = getattr(state.policy, "max_context", None)
+    if limit and len(ids) >= limit:
+        raise TerminalError(f"prompt of {len(ids)} tokens does not fit the {limit}-token context")
+
+
 async def _turn(state: ServeState, session: Session, prepare: Callable[..., list[int]], args: tuple[Any, ...],
-                sampling: SamplingParams) -> tuple[list[int], Generation, float]:
-    """Extend the session's record (in the pool) and generate; on any failure undo the extension."""
+                sampling: SamplingParams, opened: Opened | None = None) -> tuple[list[int], Generation, float]:
+    """Extend the session's record (in the pool) and generate; on any failure undo the extension.
+
+    `opened(ids)` runs between the two: a streaming request opens its stream there, so its first byte
+    leaves before generation starts; if that fails (the client has gone) nothing was sampled and the
+    extension is undone like any other failure.
+    """
     if not state.recorder.is_open(session):  # it ended (idle, or a failed first request) while we waited
         raise TransientError(f"session {session.id} ended while this request waited", hint="retry the request")
     undo = state.recorder.checkpoint(session)
@@ -194,6 +227,8 @@ async def _turn(state: ServeState, session: Session, prepare: Callable[..., list
             raise UsageError(f"the chat template cannot render these messages: {err}") from None
         finally:
             state.stats["preparing"] -= 1
+        if opened is not None:
+            await opened(ids)
         gen, latency = await _generate(state, session, ids, sampling)
     except BaseException:
         state.recorder.rollback(session, undo)
@@ -201,49 +236,171 @@ async def _turn(state: ServeState, session: Session, prepare: Callable[..., list
     return ids, gen, latency
 
 
-async def chat_completions(request: web.Request) -> web.Response:
-    state: ServeState = request.app[STATE]
-    body = await _read_body(request, state)
-    chat = chat_request(body, state.default_max_tokens)
+@dataclass
+class ChatTurn:
+    """One recorded chat turn: the ids generated from, the generation, and the reply split into parts."""
+
+    ids: list[int]
+    gen: Generation
+    raw_text: str  # the reply as sampled (tool-call blocks kept)
+    content: str | None  # the text outside tool-call blocks; None when the reply is only calls
+    tool_calls: list[dict[str, Any]]  # OpenAI format
+
+
+async def chat_session(state: ServeState, request: web.Request, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]]) -> Session:
+    """The session a chat request belongs to: its header's, else the one whose record it extends, else new."""
     sid = _header_session(request)
-    matched = None if sid else await state.offload(state.recorder.match_chat, chat.messages, chat.tools)
-    session = matched or state.recorder.session(sid)
+    matched = None if sid else await state.offload(state.recorder.match_chat, messages, tools)
+    return matched or state.recorder.session(sid)
+
+
+async def chat_turn(state: ServeState, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                    sampling: SamplingParams, opened: Opened | None = None,
+                    call_id: Callable[[int], str] | None = None) -> ChatTurn:
+    """Prepare, generate and record one chat turn (the same for every endpoint and for streaming).
+
+    call_id(index): the id each parsed tool call is answered and recorded with (default call_<index>).
+    """
     async with state.lock(session.id):
-        ids, gen, latency = await _turn(state, session, state.recorder.prepare_chat, (chat.messages, chat.tools),
-                                        chat.sampling)
+        ids, gen, latency = await _turn(state, session, state.recorder.prepare_chat, (messages, tools), sampling,
+                                        opened)
         raw_text, _glue = state.codec.split_generation(gen.ids)
-        content, tool_calls = split_reply(raw_text, chat.tools)
+        content, tool_calls = split_reply(raw_text, tools)
+        if call_id is not None:
+            tool_calls = [{**call, "id": call_id(index)} for index, call in enumerate(tool_calls)]
         state.recorder.record_chat(session, gen, raw_text, content, tool_calls, latency)
-    finish = "tool_calls" if tool_calls else gen.finish_reason
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
+    return ChatTurn(ids, gen, raw_text, content, tool_calls)
+
+
+def reply_pieces(state: ServeState, turn: ChatTurn) -> list[str]:
+    """The reply's content in streaming pieces: token-aligned when it is the sampled text itself."""
+    if turn.content is None:
+        return []
+    if turn.content == turn.raw_text:
+        ids = turn.gen.ids
+        last = state.codec.decode(ids[-1:]) if ids else ""
+        if last and state.codec.closing.startswith(last):
+            ids = ids[:-1]  # the end-of-message token is the template's, not content (split_generation)
+        return [piece for piece, _ids in text_pieces(state.codec.decode, ids, turn.content)]
+    return string_pieces(turn.content)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state: ServeState = request.app[STATE]
+    body = await read_body(request, state)
+    chat = chat_request(body, state.default_max_tokens)
+    session = await chat_session(state, request, chat.messages, chat.tools)
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.policy.name}
+    if chat.stream:
+        return await _stream_chat(request, state, session, chat, base)
+    turn = await chat_turn(state, session, chat.messages, chat.tools, chat.sampling)
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if turn.tool_calls:
+        message["tool_calls"] = turn.tool_calls
     payload = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": state.policy.name,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-        "usage": _usage(len(ids), len(gen.ids)),
-        "arlctl": {"session": session.id, "policy_version": gen.version, "token_ids": gen.ids},
+        **base, "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": _chat_finish(turn), "logprobs": None}],
+        "usage": _usage(len(turn.ids), len(turn.gen.ids)),
+        "arlctl": _extension(session, turn.gen),
     }
     return web.json_response(payload, headers={SESSION_HEADER: session.id})
 
 
-async def completions(request: web.Request) -> web.Response:
+def _chat_finish(turn: ChatTurn) -> str:
+    return "tool_calls" if turn.tool_calls else turn.gen.finish_reason
+
+
+def _extension(session: Session, gen: Generation) -> dict[str, Any]:
+    return {"session": session.id, "policy_version": gen.version, "token_ids": gen.ids}
+
+
+async def _stream_chat(request: web.Request, state: ServeState, session: Session, chat: Any,
+                       base: dict[str, Any]) -> web.StreamResponse:
+    base = {**base, "object": "chat.completion.chunk"}
+    stream = EventStream(request, {SESSION_HEADER: session.id})
+
+    async def opened(ids: list[int]) -> None:
+        check_fits(state, ids)
+        await stream.open()
+        await stream.send(role_chunk(base, chat.include_usage))
+
+    try:
+        turn = await chat_turn(state, session, chat.messages, chat.tools, chat.sampling, opened)
+    except Exception as err:
+        if not stream.opened:
+            raise
+        return await stream_failed(state, stream, err, openai_error_event)
+    usage = _usage(len(turn.ids), len(turn.gen.ids)) if chat.include_usage else None
+    for chunk in chat_chunks(base, reply_pieces(state, turn), turn.tool_calls, _chat_finish(turn), usage,
+                             _extension(session, turn.gen)):
+        await stream.send(chunk)
+    await stream.send("[DONE]")
+    return await stream_done(state, stream)
+
+
+async def stream_failed(state: ServeState, stream: EventStream, err: Exception,
+                         event: Callable[[int, str, str], tuple[str | None, dict[str, Any]]]) -> web.StreamResponse:
+    """A request that failed after its stream opened: an error event (the status can no longer change).
+    A client that left before generation started gets nothing: its request was rolled back."""
+    if stream.disconnected:
+        return await stream_done(state, stream)
+    status, kind, message = classify_error(err, stream.request)
+    name, data = event(status, kind, message)
+    await stream.send(data, name)
+    return await stream_done(state, stream)
+
+
+async def stream_done(state: ServeState, stream: EventStream) -> web.StreamResponse:
+    state.stats["streams"] += 1
+    response = await stream.close()
+    if stream.disconnected:  # the turn is recorded all the same (see arlctl.serve.sse)
+        state.stats["streams_disconnected"] += 1
+    return response
+
+
+def openai_error_event(status: int, kind: str, message: str) -> tuple[str | None, dict[str, Any]]:
+    return None, {"error": {"message": message, "type": kind, "code": status}}
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
     state: ServeState = request.app[STATE]
-    body = await _read_body(request, state)
+    body = await read_body(request, state)
     req = completion_request(body, state.default_max_tokens, state.vocab_size)
     session = state.recorder.session(_header_session(request))
-    async with state.lock(session.id):
-        ids, gen, latency = await _turn(state, session, state.recorder.prepare_completion, (req.prompt,),
-                                        req.sampling)
-        text = state.recorder.record_completion(session, gen, latency)
+    base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": state.policy.name}
+    stream = EventStream(request, {SESSION_HEADER: session.id}) if req.stream else None
+
+    async def opened(ids: list[int]) -> None:
+        check_fits(state, ids)
+        assert stream is not None
+        await stream.open()
+        await stream.send_raw(b": generating\n\n")  # an SSE comment: the first byte, before generation
+
+    try:
+        async with state.lock(session.id):
+            ids, gen, latency = await _turn(state, session, state.recorder.prepare_completion, (req.prompt,),
+                                            req.sampling, opened if stream else None)
+            text = state.recorder.record_completion(session, gen, latency)
+    except Exception as err:
+        if stream is None or not stream.opened:
+            raise
+        return await stream_failed(state, stream, err, openai_error_event)
+    usage = _usage(len(ids), len(gen.ids))
+    logprobs = [float(lp) for lp in gen.logprobs] if req.logprobs else None
+    if stream is not None:
+        pieces = text_pieces(state.codec.decode, gen.ids, text)
+        for chunk in completion_chunks(base, pieces, logprobs, gen.finish_reason,
+                                       usage if req.include_usage else None):
+            await stream.send(chunk)
+        await stream.send("[DONE]")
+        return await stream_done(state, stream)
     choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": gen.finish_reason,
                               "token_ids": gen.ids, "logprobs": None}
-    if req.logprobs:
-        choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in gen.ids],
-                              "token_logprobs": [float(lp) for lp in gen.logprobs]}
-    payload = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-               "model": state.policy.name, "choices": [choice], "usage": _usage(len(ids), len(gen.ids))}
+    if logprobs is not None:
+        choice["logprobs"] = {"tokens": [f"token_id:{t}" for t in gen.ids], "token_logprobs": logprobs}
+    payload = {**base, "choices": [choice], "usage": usage, "arlctl": _extension(session, gen)}
     return web.json_response(payload, headers={SESSION_HEADER: session.id})
 
 
@@ -278,7 +435,7 @@ async def post_session_reward(request: web.Request) -> web.Response:
     """Attach a harness's outcome to an open session (see the module docstring)."""
     state: ServeState = request.app[STATE]
     sid = check_session_id(request.match_info["sid"])
-    posted = session_reward(await _read_body(request, state))
+    posted = session_reward(await read_body(request, state))
     outcome = (posted.reward, posted.info)
     async with state.lock(sid):
         session = state.recorder.sessions.get(sid)
@@ -333,31 +490,44 @@ async def _reap_once(state: ServeState) -> None:
         del state.locks[sid]  # a lock left by a request that failed before anything was recorded
 
 
+def classify_error(err: Exception, request: web.Request) -> tuple[int, str, str]:
+    """(HTTP status, error type, message) for an exception a handler raised: 413 over the size limit, 503
+    transient (clients retry), 400 typed terminal errors, 500 anything else (traceback to the log only)."""
+    if isinstance(err, BodyTooLarge):
+        return 413, "request_too_large", str(err)
+    if isinstance(err, TransientError):
+        return 503, "server_error", str(err)
+    if isinstance(err, TerminalError):
+        return 400, "invalid_request_error", str(err)
+    log.error("%s %s failed", request.method, request.path, exc_info=(type(err), err, err.__traceback__))
+    return 500, "server_error", f"internal error ({type(err).__name__}); see the server log"
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Errors become OpenAI-style JSON bodies: 413 over the size limit, 503 transient (clients retry),
-    400 for typed terminal errors, 500 for anything else (its traceback goes to the log, not the client)."""
+    """Errors become JSON bodies in the API's own shape (OpenAI's, or Anthropic's under /v1/messages)."""
     try:
         return await handler(request)
     except web.HTTPException:
         raise
-    except BodyTooLarge as err:
-        return _error(413, str(err))
-    except TransientError as err:
-        return web.json_response({"error": {"message": str(err), "type": "server_error"}}, status=503)
-    except TerminalError as err:
-        return _error(400, str(err))
     except Exception as err:
-        log.exception("%s %s failed", request.method, request.path)
-        return web.json_response({"error": {"message": f"internal error ({type(err).__name__}); see the server log",
-                                            "type": "server_error"}}, status=500)
+        status, kind, message = classify_error(err, request)
+        if request.path.startswith("/v1/messages"):
+            return web.json_response(anthropic_error(kind, message), status=status)
+        if kind == "request_too_large":
+            kind = "invalid_request_error"
+        return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
 def build_app(state: ServeState) -> web.Application:
+    from arlctl.serve.anthropic import count_tokens, messages  # it builds on this module
+
     app = web.Application(client_max_size=state.max_body_bytes, middlewares=[_errors])
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_post("/v1/sessions/{sid}/end", end_session)
     app.router.add_post("/v1/sessions/{sid}/reward", post_session_reward)
     app.router.add_get("/v1/models", models)

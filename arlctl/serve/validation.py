@@ -47,6 +47,8 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class CompletionRequest:
     prompt: str | list[int]
     sampling: SamplingParams
     logprobs: bool
+    stream: bool = False
+    include_usage: bool = False
 
 
 # ---- the body ----
@@ -167,11 +171,11 @@ def chat_request(body: dict[str, Any], default_max_tokens: int) -> ChatRequest:
     _optional(body, "tool_choice", (str, dict))
     _optional(body, "parallel_tool_calls", bool)
     _optional(body, "response_format", dict)
-    _optional(body, "stream_options", dict)
     _optional(body, "logprobs", bool)
     if body.get("top_logprobs") is not None:
         check_int("top_logprobs", body["top_logprobs"], 0, 20)
-    return ChatRequest(messages, tools, _sampling(body, default_max_tokens))
+    stream, include_usage = _stream(body)
+    return ChatRequest(messages, tools, _sampling(body, default_max_tokens), stream, include_usage)
 
 
 def completion_request(body: dict[str, Any], default_max_tokens: int, vocab_size: int) -> CompletionRequest:
@@ -200,13 +204,21 @@ def completion_request(body: dict[str, Any], default_max_tokens: int, vocab_size
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         check_int("logprobs", logprobs, 0, 20)
-    return CompletionRequest(prompt, _sampling(body, default_max_tokens), logprobs is not None and logprobs is not False)
+    stream, include_usage = _stream(body)
+    return CompletionRequest(prompt, _sampling(body, default_max_tokens), logprobs is not None and logprobs is not False,
+                             stream, include_usage)
 
 
-def _sampling(body: dict[str, Any], default_max_tokens: int) -> SamplingParams:
-    """The sampling fields both endpoints share; what cannot be honoured is refused."""
-    if _optional(body, "stream", bool):
-        raise UsageError("streaming is not supported by arlctl serve")
+def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage), both checked booleans."""
+    stream = bool(_optional(body, "stream", bool))
+    options = _optional(body, "stream_options", dict) or {}
+    include_usage = _optional(options, "include_usage", bool, "stream_options")
+    return stream, bool(include_usage) and stream
+
+
+def sampling_fields(body: dict[str, Any], default_max_tokens: int) -> SamplingParams:
+    """The sampling fields every endpoint shares; what cannot be honoured is refused."""
     _optional(body, "model", str)
     _optional(body, "user", str)
     if body.get("n") is not None:
@@ -286,7 +298,7 @@ def _check_tool(where: str, tool: Any) -> None:
     _optional(function, "parameters", dict, f"{where}.function")
 
 
-def _optional(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+def optional_field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str = "") -> Any:
     """obj[name] when absent, null, or of `kind`; else UsageError naming the field."""
     value = obj.get(name)
     if value is not None and not isinstance(value, kind):
@@ -296,4 +308,5 @@ def _optional(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], whe
     return value
 
 
+_optional, _sampling = optional_field, sampling_fields  # the short names used throughout this module
 _JSON_NAMES = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}

@@ -183,7 +183,8 @@ MALFORMED_SHARED = [
     {"max_tokens": "8"}, {"max_tokens": -5}, {"max_tokens": 0}, {"max_tokens": 2.5}, {"max_tokens": True},
     {"max_tokens": 10**9}, {"max_completion_tokens": [4]}, {"n": 0}, {"n": 1_000_000}, {"n": "2"}, {"n": -1},
     {"stop": 5}, {"stop": [1]}, {"stop": ["x"] * 100}, {"seed": "abc"}, {"seed": -1}, {"seed": 1.5},
-    {"seed": 2**64}, {"stream": "yes"}, {"stream": True}, {"presence_penalty": 0.5}, {"frequency_penalty": "0"},
+    {"seed": 2**64}, {"stream": "yes"}, {"stream_options": {"include_usage": "yes"}}, {"stream_options": [1]},
+    {"presence_penalty": 0.5}, {"frequency_penalty": "0"},
     {"repetition_penalty": 1.3}, {"min_p": 0.1}, {"top_k": 40}, {"top_k": -5}, {"top_k": "x"},
     {"logit_bias": {"1": 5}}, {"logit_bias": [1]},
 ]
