@@ -182,8 +182,9 @@ def load_policy(spec: str, backend: str = "hf", **opts: Any) -> Policy:
 
         opts.pop("max_batch", None)
         servers = opts.pop("servers", None) or []
-        if not servers:
-            raise UsageError("the openai backend needs at least one server", hint="pass --server URL")
+        if not servers and not opts.get("servers_file"):
+            raise UsageError("the openai backend needs at least one server",
+                             hint="pass --server URL, --servers-file FILE, or --run RUN with RUN/fleet.json")
         tokenizer = opts.pop("tokenizer_path", None) or resolved.path
         return OpenAIPolicy(servers, str(tokenizer), name=resolved.name, version=resolved.version, **opts)
     from arlctl.inference.hf import HFPolicy

@@ -16,22 +16,33 @@ answer's `meta_info.output_token_logprobs` holds (logprob, token id, text) per s
 `meta_info.finish_reason.type` is "stop" or "length". Weight reload: POST /update_weights_from_disk
 {"model_path": DIR} (it flushes the radix cache itself).
 
-Routing is sticky per trajectory, to keep its KV prefix cached on one server: a trajectory's first turn
-goes to the least-loaded healthy server, later turns to the same one. A trajectory is recognised either
+Routing is sticky per trajectory, to keep its KV prefix cached on one engine: a trajectory's first turn
+goes to the least-loaded active engine, later turns to the same one. A trajectory is recognised either
 by an explicit key (`route_key.set("traj-id")` in the trajectory's task; contextvars are per task) or,
 without one, by token continuity itself: a later turn's prompt starts with the exact ids of an earlier
 request plus its generated ids, so we remember a prefix hash of each (prompt + generated) sequence and
 look up the longest remembered prefix of a new prompt (one O(n) rolling-hash pass per request).
 
-Faults: a connection error, timeout or 5xx marks the server down and the request is retried on another
-server after a backoff (the trajectory's cache is lost, its tokens are not: the prompt is complete).
-A down server is probed with GET /health again after `down_s` seconds. A 4xx is a TerminalError.
+The fleet is elastic (arlctl/inference/fleet.py): with `servers_file` the list is re-read while running;
+new engines join after answering GET /health, removed ones drain (no new trajectories, their own finish
+there), and an engine that fails (connection error, timeout, 5xx) is ejected with exponential backoff.
+A request that failed is retried on another engine; a trajectory whose engine was ejected or is gone
+moves with its full token prefix. Moving never re-tokenizes anything: every turn sends the complete
+prompt ids, so only the prefix cache is lost, and the recorded row is the same as without the move.
+
+Versions: each turn records the version of the engine that served it, not the rollout's. An engine's
+version comes from the response when it carries one (`arlctl.policy_version`, SGLang's
+`meta_info.weight_version`), else from its GET /v1/models (`version`, or a `vNNNNNN` model path),
+re-read every poll for engines that report it, else from the last reload we made (or the policy's own).
+A 4xx is a TerminalError.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import logging
 import os
 import random
 import time
@@ -41,13 +52,22 @@ from typing import Any
 
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Generation, SamplingParams
+from arlctl.inference.fleet import Fleet, Server, base_url
 from arlctl.inference.sampling_check import check_sampling
+from arlctl.io.fs import basename, is_remote
+from arlctl.io.ledger import parse_version
+
+log = logging.getLogger("arlctl.fleet")
 
 # Set per trajectory task for explicit sticky routing (optional; prefix matching works without it).
 route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("arlctl_route_key", default=None)
 
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
+PROBE_TIMEOUT_S = 2.0  # GET /health, /v1/models and /metrics: small answers, or the engine is not well
+
+__all__ = ["OpenAIPolicy", "Server", "StickyRouter", "NoServer", "notify_reload", "prefix_hashes", "probe",
+           "route_key"]
 
 
 def prefix_hashes(ids: list[int]) -> list[int]:
@@ -60,15 +80,8 @@ def prefix_hashes(ids: list[int]) -> list[int]:
     return out
 
 
-@dataclass
-class Server:
-    url: str  # base URL without /v1, e.g. http://127.0.0.1:8000
-    in_flight: int = 0
-    healthy: bool = True
-    down_until: float = 0.0
-    requests: int = 0
-    failures: int = 0
-    generated_tokens: int = 0
+class NoServer(TransientError):
+    """No engine can take this request now (all ejected, joining, draining or tried)."""
 
 
 @dataclass
@@ -79,7 +92,10 @@ class _Route:
 
 @dataclass
 class StickyRouter:
-    """Maps trajectories to servers: explicit keys, or remembered (prompt + generated) prefixes."""
+    """Maps trajectories to engines: explicit keys, or remembered (prompt + generated) prefixes.
+
+    `servers` is the fleet's own list (engines join by being appended to it).
+    """
 
     servers: list[Server]
     capacity: int = 100_000
@@ -87,13 +103,20 @@ class StickyRouter:
     _prefixes: OrderedDict[int, _Route] = field(default_factory=OrderedDict)
 
     def pick(self, prompt_ids: list[int], key: str | None, exclude: set[str] = frozenset()) -> Server:
+        return self.route(prompt_ids, key, exclude)[0]
+
+    def route(self, prompt_ids: list[int], key: str | None,
+              exclude: set[str] = frozenset()) -> tuple[Server, str]:
+        """(engine, how): "sticky" (its trajectory's engine), "new" (a first turn) or "moved" (its engine
+        was ejected, is gone or failed this request). Draining engines keep their own trajectories only."""
         sticky = self._keys.get(key) if key is not None else self._lookup(prompt_ids)
         if sticky is not None and sticky.healthy and sticky.url not in exclude:
-            return sticky
-        candidates = [s for s in self.servers if s.healthy and s.url not in exclude]
+            return sticky, "sticky"
+        candidates = [s for s in self.servers if s.state == "active" and s.url not in exclude]
         if not candidates:
-            raise TransientError("no healthy inference server", hint="check the --server URLs")
-        return min(candidates, key=lambda s: (s.in_flight, s.requests))
+            raise NoServer("no healthy inference server", hint="check the --server URLs or the servers file")
+        best = min(candidates, key=lambda s: (s.in_flight, s.requests))
+        return best, "new" if sticky is None else "moved"
 
     def remember(self, server: Server, prompt_ids: list[int], generated: list[int], key: str | None) -> None:
         if key is not None:
@@ -121,32 +144,47 @@ class StickyRouter:
 
 
 class OpenAIPolicy:
-    """A Policy over one or more OpenAI-compatible servers, with sticky routing, retries and failover."""
+    """A Policy over an elastic fleet of OpenAI-compatible engines: sticky routing, drain, ejection, failover.
+
+    servers: base URLs given at start (pinned members). servers_file: a file of URLs re-read every poll_s
+    seconds while running (arlctl/inference/fleet.py). drain_idle_s: a removed engine retires after this
+    long with nothing in flight. down_s / down_max_s: an ejected engine's first and longest backoff.
+    metrics_every_s: how often each engine's Prometheus /metrics is scraped (prefix-cache hit rate).
+    """
 
     max_context = None  # the servers know their context; the rollout's --max-context bounds prompts here
 
     def __init__(self, servers: list[str], tokenizer_path: str, *, name: str | None = None, version: int = 0,
                  model: str | None = None, api_key: str | None = None, flavor: str = "vllm",
                  timeout_s: float = 600.0, retries: int = 4, backoff_s: float = 0.5, down_s: float = 5.0,
-                 notify_on_reload: bool = True):
+                 notify_on_reload: bool = True, servers_file: str | None = None, poll_s: float = 2.0,
+                 drain_idle_s: float = 60.0, down_max_s: float = 60.0, metrics_every_s: float = 15.0):
         from transformers import AutoTokenizer
 
-        if not servers:
-            raise UsageError("the openai backend needs at least one --server URL")
+        if not servers and not servers_file:
+            raise UsageError("the openai backend needs at least one --server URL or a servers file")
         if flavor not in ("vllm", "sglang"):
             raise UsageError(f"unknown server flavor {flavor!r}", hint="choose vllm or sglang")
-        self.servers = [Server(_base(u)) for u in servers]
+        self.fleet = Fleet(list(servers), str(servers_file) if servers_file else None, poll_s=poll_s,
+                           drain_idle_s=drain_idle_s, down_s=down_s, down_max_s=down_max_s)
+        self.servers = self.fleet.engines  # every engine seen; the router reads the same list
         self.router = StickyRouter(self.servers)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
         self.name = name or str(tokenizer_path)
-        self.model = model  # the served model name; asked from /v1/models when None
+        self.model = model  # the served model name; asked from each engine's /v1/models when None
         self.version = version
         self.flavor = flavor
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self.timeout_s, self.retries, self.backoff_s, self.down_s = timeout_s, retries, backoff_s, down_s
+        self.metrics_every_s = metrics_every_s
         self.notify_on_reload = notify_on_reload
         self._session: Any = None
-        self.stats = {"requests": 0, "retries": 0, "failovers": 0, "generated_tokens": 0, "in_flight": 0}
+        self._maintenance: asyncio.Task | None = None
+        self._next_maintenance = 0.0
+        self._next_scrape = 0.0
+        self.maintenance_error: str | None = None
+        self.stats = {"requests": 0, "retries": 0, "failovers": 0, "moves": 0, "generated_tokens": 0,
+                      "in_flight": 0}
 
     # ---- the Policy protocol ----
 
@@ -158,24 +196,32 @@ class OpenAIPolicy:
         check_sampling(sampling)  # NaN/inf/out-of-range values never reach the model
         if not prompt_ids:
             raise UsageError("generate needs at least one prompt token")
+        self._maintain_soon()
         key = route_key.get()
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self.retries + 1):
-            await self._revive()
-            server = self.router.pick(prompt_ids, key, exclude=tried if len(tried) < len(self.servers) else set())
             if attempt:
                 self.stats["retries"] += 1
                 await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
+            try:
+                server, how = self._route(prompt_ids, key, tried)
+            except NoServer as err:
+                last_error = last_error or err
+                await self.refresh()  # membership and probes now, not at the next poll
+                continue
             server.in_flight += 1
             self.stats["in_flight"] += 1
-            version = self.version
+            server.first_sent = server.first_sent or time.monotonic()
             try:
-                ids, logprobs, reason = await self._request(server, prompt_ids, sampling)
+                if not server.described:
+                    await self._describe(server)
+                # read before the request: a reload that lands meanwhile applies to later requests
+                version = server.version if server.version is not None else self.version
+                ids, logprobs, reason, reported = await self._request(server, prompt_ids, sampling)
             except TransientError as err:
                 last_error = err
-                server.failures += 1
-                server.healthy, server.down_until = False, time.monotonic() + self.down_s
+                self.fleet.fail(server, str(err), time.monotonic())
                 tried.add(server.url)
                 self.stats["failovers"] += 1
                 continue
@@ -183,28 +229,190 @@ class OpenAIPolicy:
                 server.in_flight -= 1
                 self.stats["in_flight"] -= 1
             server.requests += 1
+            server.failures_in_row = 0
             server.generated_tokens += len(ids)
+            server.last_done = time.monotonic()
+            if reported is not None:
+                version = server.version = reported
+            if how == "moved":
+                self.stats["moves"] += 1
+                server.moved_in += 1
+            elif how == "new":
+                server.first_turns += 1
             self.stats["requests"] += 1
             self.stats["generated_tokens"] += len(ids)
             self.router.remember(server, prompt_ids, ids, key)
-            return Generation(ids, logprobs, reason, version=version, info={"server": server.url})
+            return Generation(ids, logprobs, reason, version=version, info={"server": server.url, "route": how})
         raise TransientError(f"every inference server failed: {last_error}", hint="check the servers' logs")
 
+    def _route(self, prompt_ids: list[int], key: str | None, tried: set[str]) -> tuple[Server, str]:
+        """Avoid engines that failed this request; if that leaves none, any engine that can serve."""
+        try:
+            return self.router.route(prompt_ids, key, exclude=tried)
+        except NoServer:
+            if not tried:
+                raise
+            return self.router.route(prompt_ids, key)
+
     async def reload(self, policy_dir: str, version: int) -> None:
-        """Tell every server to load `policy_dir` (unless `sync --notify` already did); record the version."""
-        if self.notify_on_reload:
-            await notify_reload([s.url for s in self.servers], str(policy_dir), flavor=self.flavor)
+        """Tell every live engine to load `policy_dir` (unless `sync --notify` already did); record the version.
+
+        An engine that fails to reload while others succeed is ejected and keeps its old version (turns it
+        serves after coming back say so); when every engine fails, nothing changed: TransientError.
+        """
+        engines = [e for e in self.fleet.live() if e.state in ("active", "draining")]
+        for engine in self.fleet.live():
+            if engine not in engines and engine.version is None:
+                engine.version = self.version  # joining or ejected: not told, so it still serves the old one
+        if self.notify_on_reload and engines:
+            outcome = await reload_each([e.url for e in engines], str(policy_dir), flavor=self.flavor,
+                                        version=version)
+            failed = {u: r for u, r in outcome.items() if not r.startswith("ok")}
+            if len(failed) == len(engines):  # nothing changed anywhere: keep serving the old version
+                raise TransientError(f"weight reload failed on every server: {failed}",
+                                     hint="vLLM needs VLLM_SERVER_DEV_MODE=1 for /collective_rpc")
+            now = time.monotonic()
+            for engine in engines:
+                if engine.url in failed:
+                    engine.version = engine.version if engine.version is not None else self.version
+                    self.fleet.fail(engine, f"reload failed: {failed[engine.url]}", now)
+            engines = [e for e in engines if e.url not in failed]
+        for engine in engines:
+            if engine.version_reported:
+                engine.described = False  # re-read what it reports before its next request
+            else:
+                engine.version = version
         self.version = version
 
     async def close(self) -> None:
+        if self._maintenance is not None and not self._maintenance.done():
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._maintenance
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def metrics(self) -> dict[str, Any]:
-        return {**self.stats, "servers": {s.url: {"healthy": s.healthy, "in_flight": s.in_flight,
-                                                   "requests": s.requests, "failures": s.failures}
-                                          for s in self.servers}}
+        """Fleet counters and one set of columns per engine, `engine[host:port].requests` etc.
+
+        The prefix-cache hit rate is a column only when the engine's /metrics reported one
+        (`...prefix_cache_reported` = 1); otherwise the nested summary says "not reported", never 0.
+        """
+        flat: dict[str, Any] = {**self.stats}
+        flat.update({f"engines_{state}": n for state, n in self.fleet.counts().items()})
+        flat.update({f"fleet_{event}": n for event, n in self.fleet.events.items()})
+        flat["fleet_file_errors"] = self.fleet.file_errors
+        summaries = {}
+        for engine in self.servers:
+            summary = summaries[engine.url] = engine.summary()
+            prefix = f"engine[{engine.label}]."
+            for key in ("requests", "first_turns", "generated_tokens", "tokens_per_s", "errors", "ejections",
+                        "moved_in"):
+                flat[prefix + key] = summary[key]
+            flat[prefix + "prefix_cache_reported"] = int(engine.cache_reported)
+            if isinstance(summary["prefix_cache_hit_rate"], float):
+                flat[prefix + "prefix_cache_hit_rate"] = summary["prefix_cache_hit_rate"]
+        if self.fleet.last_file_error:
+            flat["fleet_last_file_error"] = self.fleet.last_file_error
+        if self.maintenance_error:
+            flat["fleet_maintenance_error"] = self.maintenance_error
+        return {**flat, "servers": summaries}
+
+    # ---- fleet upkeep: membership, probes, versions, Prometheus scrapes ----
+
+    def _maintain_soon(self) -> None:
+        """Start one upkeep pass in the background when poll_s has passed since the last one."""
+        if time.monotonic() >= self._next_maintenance and (self._maintenance is None or self._maintenance.done()):
+            self._next_maintenance = time.monotonic() + self.fleet.poll_s
+            self._maintenance = asyncio.ensure_future(self._maintain())
+
+    async def refresh(self) -> None:
+        """One upkeep pass now (or wait for the one running): membership, probes, versions, scrapes."""
+        if self._maintenance is None or self._maintenance.done():
+            self._next_maintenance = time.monotonic() + self.fleet.poll_s
+            self._maintenance = asyncio.ensure_future(self._maintain())
+        await asyncio.shield(self._maintenance)
+
+    async def _maintain(self) -> None:
+        """Re-read the servers file, retire drained engines, probe joining and ejected ones, refresh the
+        versions engines report, and scrape /metrics every metrics_every_s. Never raises: a failure is
+        kept in `maintenance_error` (a metrics column) and logged."""
+        try:
+            if self.fleet.servers_file is not None:
+                if is_remote(self.fleet.servers_file):
+                    await asyncio.to_thread(self.fleet.poll_file)
+                else:
+                    self.fleet.poll_file()  # one stat when nothing changed
+            now = time.monotonic()
+            self.fleet.retire_idle(now)
+            jobs = [self._probe(e) for e in self.fleet.due_probes(now)]
+            jobs += [self._describe_quietly(e) for e in self.fleet.live() if e.healthy and e.version_reported]
+            if now >= self._next_scrape:
+                self._next_scrape = now + self.metrics_every_s
+                jobs += [self._scrape(e) for e in self.fleet.live() if e.healthy]
+            await asyncio.gather(*jobs)
+        except Exception as err:  # noqa: BLE001 - upkeep must not kill generation; the cause is recorded
+            self.maintenance_error = f"{type(err).__name__}: {err}"
+            log.warning("fleet upkeep failed: %s", self.maintenance_error)
+
+    async def _probe(self, server: Server) -> None:
+        ok = await probe(server.url, timeout_s=PROBE_TIMEOUT_S, session=await self._http())
+        if ok:
+            try:
+                await self._describe(server)
+            except TransientError:
+                ok = False
+        self.fleet.probed(server, ok, time.monotonic())
+
+    async def _describe_quietly(self, server: Server) -> None:
+        with contextlib.suppress(TransientError):
+            await self._describe(server)
+
+    async def _describe(self, server: Server) -> None:
+        """Read GET /v1/models: the served model name and the policy version the engine reports.
+
+        `version` (arlctl serve) is the engine's own word; a model path ending in vNNNNNN (vLLM started on a
+        published version) gives the version it started with. A server without /v1/models is described
+        with neither (the request then names --backend-opt model=, or none).
+        """
+        import aiohttp
+
+        http = await self._http()
+        try:
+            async with http.get(server.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                if resp.status >= 500:
+                    raise TransientError(f"{server.url}/v1/models: HTTP {resp.status}")
+                data = await resp.json() if resp.status == 200 else {}
+        except (TimeoutError, aiohttp.ClientError, ConnectionError, ValueError) as err:
+            raise TransientError(f"{server.url}/v1/models: {type(err).__name__}: {err}") from err
+        models = data.get("data") if isinstance(data, dict) else None
+        first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+        server.model = first.get("id") if isinstance(first.get("id"), str) else server.model
+        reported = first.get("version")
+        if isinstance(reported, int) and not isinstance(reported, bool):
+            server.version, server.version_reported = reported, True
+        elif not server.described:
+            path_version = parse_version(basename(str(first.get("root") or first.get("id") or "").rstrip("/")))
+            server.version = path_version if path_version is not None else server.version
+        server.described = True
+
+    async def _scrape(self, server: Server) -> None:
+        """Prefix-cache counters from the engine's Prometheus /metrics; no endpoint: not reported."""
+        import aiohttp
+
+        from arlctl.inference.fleet import parse_prometheus
+
+        http = await self._http()
+        try:
+            async with http.get(server.url + "/metrics", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                if resp.status != 200:
+                    server.cache_reported = False
+                    return
+                text = await resp.text()
+        except (TimeoutError, aiohttp.ClientError, ConnectionError):
+            return  # unreachable now: the last scrape stands; request failures eject it
+        server.cache_reported = server.cache.update(parse_prometheus(text))
 
     # ---- HTTP ----
 
@@ -232,30 +440,35 @@ class OpenAIPolicy:
             raise TransientError(f"{server.url}{path}: {type(err).__name__}: {err}") from err
 
     async def _request(self, server: Server, prompt_ids: list[int],
-                       sampling: SamplingParams) -> tuple[list[int], list[float], str]:
+                       sampling: SamplingParams) -> tuple[list[int], list[float], str, int | None]:
+        """(sampled ids, their log-probs, finish reason, the policy version the answer states or None)."""
         if self.flavor == "sglang":
             return await self._request_sglang(server, prompt_ids, sampling)
-        if self.model is None:
-            self.model = await self._served_model(server)
         body: dict[str, Any] = {
-            "model": self.model, "prompt": list(prompt_ids), "max_tokens": sampling.max_new_tokens,
+            "prompt": list(prompt_ids), "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0,
             "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
             "stop_token_ids": list(sampling.stop_ids), "ignore_eos": sampling.ignore_eos,
         }
+        model = self.model or server.model
+        if model is not None:
+            body["model"] = model
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        choice = (await self._post(server, "/v1/completions", body))["choices"][0]
+        out = await self._post(server, "/v1/completions", body)
+        choice = out["choices"][0]
         logprobs = choice.get("logprobs") or {}
         ids = choice.get("token_ids") or [int(t.split(":", 1)[1]) for t in logprobs.get("tokens", [])]
         values = [float(v) for v in logprobs.get("token_logprobs") or []]
         if len(values) != len(ids):
             raise TerminalError(f"{server.url} returned {len(ids)} tokens but {len(values)} log-probs",
                                 hint="serve with a vLLM that supports logprobs and return_token_ids")
-        return list(ids), values, "length" if choice.get("finish_reason") == "length" else "stop"
+        extra = out.get("arlctl") if isinstance(out.get("arlctl"), dict) else {}
+        reason = "length" if choice.get("finish_reason") == "length" else "stop"
+        return list(ids), values, reason, _as_version(extra.get("policy_version"))
 
     async def _request_sglang(self, server: Server, prompt_ids: list[int],
-                              sampling: SamplingParams) -> tuple[list[int], list[float], str]:
+                              sampling: SamplingParams) -> tuple[list[int], list[float], str, int | None]:
         params: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p,
                                   "max_new_tokens": sampling.max_new_tokens, "ignore_eos": sampling.ignore_eos,
                                   "stop_token_ids": list(sampling.stop_ids), "skip_special_tokens": False}
@@ -266,52 +479,49 @@ class OpenAIPolicy:
         meta = out["meta_info"]
         triples = meta.get("output_token_logprobs") or []
         reason = (meta.get("finish_reason") or {}).get("type", "stop")
-        return [int(t[1]) for t in triples], [float(t[0]) for t in triples], "length" if reason == "length" else "stop"
+        return ([int(t[1]) for t in triples], [float(t[0]) for t in triples],
+                "length" if reason == "length" else "stop", _as_version(meta.get("weight_version")))
 
-    async def _served_model(self, server: Server) -> str:
-        http = await self._http()
-        try:
-            async with http.get(server.url + "/v1/models") as resp:
-                data = await resp.json()
-            return data["data"][0]["id"]
-        except Exception as err:
-            raise TransientError(f"{server.url}/v1/models: {err}") from err
 
-    async def _revive(self) -> None:
-        """Probe servers whose down time has passed; a healthy /health brings one back."""
-        now = time.monotonic()
-        for server in self.servers:
-            if not server.healthy and now >= server.down_until:
-                server.down_until = now + self.down_s
-                server.healthy = await probe(server.url, timeout_s=2.0)
+def _as_version(value: Any) -> int | None:
+    """A policy version an engine stated: an int, or a string of digits (SGLang's weight_version)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
 
 
 def _base(url: str) -> str:
-    url = url.rstrip("/")
-    return url[:-3] if url.endswith("/v1") else url
+    return base_url(url)
 
 
-async def probe(url: str, timeout_s: float = 2.0) -> bool:
+async def probe(url: str, timeout_s: float = 2.0, session: Any = None) -> bool:
     """True when GET URL/health answers 200."""
     import aiohttp
 
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
-        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http,
-                    http.get(_base(url) + "/health") as resp):
+        if session is not None:
+            async with session.get(_base(url) + "/health", timeout=timeout) as resp:
+                return resp.status == 200
+        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(_base(url) + "/health") as resp:
             return resp.status == 200
     except Exception:
         return False
 
 
-async def notify_reload(urls: list[str], policy_dir: str, flavor: str = "vllm",
-                        timeout_s: float = 300.0) -> dict[str, str]:
-    """Make each server load the weights in `policy_dir` and drop its prefix cache; {url: how}.
+async def reload_each(urls: list[str], policy_dir: str, flavor: str = "vllm", timeout_s: float = 300.0,
+                      version: int | None = None) -> dict[str, str]:
+    """Make each server load the weights in `policy_dir` and drop its prefix cache; {url: how or why not}.
 
     vLLM (started with VLLM_SERVER_DEV_MODE=1): POST /collective_rpc `arlctl_reload_weights` (our worker
     extension, `--worker-extension-cls arlctl.inference.vllm.ArlctlWorkerExtension`: also re-prepares a
     tied output head, see arlctl/inference/vllm.py), falling back to vLLM's own `reload_weights` on a
-    server without it; then /reset_prefix_cache. SGLang: POST /update_weights_from_disk. Raises
-    TransientError naming the servers that failed (the others have reloaded).
+    server without it; then /reset_prefix_cache. SGLang: POST /update_weights_from_disk (with
+    `weight_version` when `version` is given, which its answers then carry). Outcomes start with "ok".
     """
     import aiohttp
 
@@ -322,7 +532,10 @@ async def notify_reload(urls: list[str], policy_dir: str, flavor: str = "vllm",
     async def one(http: Any, url: str) -> str:
         base = _base(url)
         if flavor == "sglang":
-            error = await post(http, base + "/update_weights_from_disk", {"model_path": policy_dir})
+            body: dict[str, Any] = {"model_path": policy_dir}
+            if version is not None:
+                body["weight_version"] = str(version)
+            error = await post(http, base + "/update_weights_from_disk", body)
             return error or "ok"
         how = "arlctl_reload_weights"
         error = await post(http, base + "/collective_rpc", {"method": how, "kwargs": {"weights_path": policy_dir}})
@@ -337,7 +550,14 @@ async def notify_reload(urls: list[str], policy_dir: str, flavor: str = "vllm",
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
         results = await asyncio.gather(*(one(http, u) for u in urls), return_exceptions=True)
-    outcome = {u: (r if isinstance(r, str) else f"{type(r).__name__}: {r}") for u, r in zip(urls, results)}
+    return {u: (r if isinstance(r, str) else f"{type(r).__name__}: {r}") for u, r in zip(urls, results)}
+
+
+async def notify_reload(urls: list[str], policy_dir: str, flavor: str = "vllm",
+                        timeout_s: float = 300.0) -> dict[str, str]:
+    """`reload_each` on every URL; raises TransientError naming the servers that failed (the others have
+    reloaded). What `arlctl sync --notify` calls."""
+    outcome = await reload_each(urls, policy_dir, flavor=flavor, timeout_s=timeout_s)
     failed = {u: r for u, r in outcome.items() if not r.startswith("ok")}
     if failed:
         raise TransientError(f"weight reload failed on {len(failed)} server(s): {failed}",
