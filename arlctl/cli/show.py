@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import typer
+from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
@@ -59,12 +61,13 @@ def register(app: typer.Typer) -> None:
             row["mask_spans"] = mask_spans(row["response_mask"])
             print_json(row)
             return
-        _render(row)
+        render(row)
 
 
-def _render(row: dict[str, Any]) -> None:
-    """Print a row for a human. Every value from the row is data (model, env or task-file text): it goes
-    through `plain` (control characters spelled out, no markup); only our own labels carry styles."""
+def render(row: dict[str, Any], out: Console = console, cut: Callable[[Any], Any] = lambda text: text) -> None:
+    """Print a row for a human onto `out` (`arlctl show`; `arlctl report` records it as HTML). Every value
+    from the row is data (model, env or task-file text): it goes through `plain` (control characters spelled
+    out, no markup); only our own labels carry styles. `cut` shortens the long text fields."""
     version = f"v{row['policy_version']}"
     if row["policy_version_last"] != row["policy_version"]:
         version += f"..v{row['policy_version_last']}"
@@ -76,30 +79,30 @@ def _render(row: dict[str, Any]) -> None:
         f"tokens {row['prompt_tokens']} prompt + {row['response_tokens']} response "
         f"({row['generated_tokens']} sampled)  time {row['wall_time_s']:.2f}s "
         f"(gen {row['gen_time_s']:.2f}s, env {row['env_time_s']:.2f}s)")
-    console.print(Panel(head, title="trajectory", title_align="left"))
-    console.print(Panel(plain(row["prompt_text"], "cyan"), title=f"prompt ({row['prompt_tokens']} tokens)",
-                        title_align="left"))
+    out.print(Panel(head, title="trajectory", title_align="left"))
+    out.print(Panel(plain(cut(row["prompt_text"]), "cyan"), title=f"prompt ({row['prompt_tokens']} tokens)",
+                    title_align="left"))
     for turn in row["turns"]:
-        console.print(Panel(_turn_body(turn), title=Text.assemble(
+        out.print(Panel(turn_body(turn), title=Text.assemble(
             f"turn {turn['index']}  ", (f"sampled {turn['gen_len']} tok (mask 1)", "green"), "  ",
             (f"env {turn['obs_len']} tok (mask 0)", "dim"), f"  v{turn['policy_version']}  "
             f"gen {turn['gen_latency_s']:.2f}s env {turn['env_latency_s']:.2f}s"), title_align="left"))
     spans = Text("mask spans (green sampled, dim environment):")
     for m, n in mask_spans(row["response_mask"]):
         spans.append(f" {n}", style="green" if m == 1 else "dim")
-    console.print(spans)
+    out.print(spans)
     if row["final_state"] is not None:
-        console.print(Panel(plain(row["final_state"]), title="final state", title_align="left"))
+        out.print(Panel(plain(cut(row["final_state"])), title="final state", title_align="left"))
     components = dict(row["reward_components"] or [])
-    console.print(Text.assemble("reward ", plain(row["reward"], "bold"), "  components ", plain(components),
-                                "  version ", plain(row["reward_version"])))
+    out.print(Text.assemble("reward ", plain(row["reward"], "bold"), "  components ", plain(components),
+                            "  version ", plain(row["reward_version"])))
     if row["reward_info"]:
-        console.print(Panel(plain(row["reward_info"]), title="reward info", title_align="left"))
+        out.print(Panel(plain(cut(row["reward_info"])), title="reward info", title_align="left"))
     if row["advantage"] is not None:
-        console.print(plain(f"advantage {row['advantage']:.4f}  weight {row['weight']}"))
+        out.print(plain(f"advantage {row['advantage']:.4f}  weight {row['weight']}"))
 
 
-def _turn_body(turn: dict[str, Any]) -> Text:
+def turn_body(turn: dict[str, Any]) -> Text:
     body = plain(turn["text"], "green")
     try:
         calls = json.loads(turn["tool_calls"] or "[]")
