@@ -2,10 +2,20 @@
 
     python benchmarks/sandbox_bench.py                      # bwrap, docker (if an engine answers), subprocess
     python benchmarks/sandbox_bench.py --backends bwrap --n 200 --json
+    python benchmarks/sandbox_bench.py --backends none --leases 256 \
+        --docker-host unix:///run/arlctl-docker.sock --docker-host unix:///run/arlctl-docker-b.sock
 
 Every number is measured in the same run as its baseline (a bare `python3 -c pass` / `true` started
 with asyncio's subprocess from this process), because shared machines are noisy; ratios are what to
 compare. Goals (issue 5): warm acquire p50 <= 5 ms; exec overhead <= 10 ms over bare `python3 -c pass`.
+
+Pooled exec throughput (issue 19, goal >= 0.9x bare) is measured two ways: one exec per lease (every
+lease pays the reset that gives the next one fresh namespaces: a bwrap relaunch, timed on its own as
+`reset_p50_ms`) and `--execs-per-lease` execs per lease (a trajectory runs many commands per lease).
+
+`--leases N` with two or more `--docker-host`s: a pool of N docker sandboxes spread over the engines;
+N leases held at the same time (acquire p50/p99), then a churn round (N users take 2 leases each back
+to back, so they wait on recycled sandboxes); pool exhaustions (goal 0) and the sandboxes each engine got.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from arlctl.sandbox import make_pool, make_sandbox
+from arlctl.sandbox import PoolExhausted, make_pool, make_sandbox
 
 PY = "/usr/bin/python3"  # the interpreter inside bwrap; the docker image's python3 is the same Debian build
 
@@ -54,7 +64,7 @@ async def _timed_exec(sb, argv: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-async def bench_backend(kind: str, snapshot: str, n: int, limits: dict) -> dict:
+async def bench_backend(kind: str, snapshot: str, n: int, limits: dict, execs_per_lease: int = 8) -> dict:
     # The subprocess backend inherits the host PATH; pin it so `python3` is the same binary as the baseline.
     extra = {"insecure": True, "env": {"PATH": "/usr/bin:/bin"}} if kind == "subprocess" else {}
     # 1. cold start: create a sandbox from the snapshot until its first command could run.
@@ -89,29 +99,53 @@ async def bench_backend(kind: str, snapshot: str, n: int, limits: dict) -> dict:
                 acquire.append(time.perf_counter() - t0)
             await pool.drain()  # the reset on release happens off the caller's path; let it finish
 
-    # 4. throughput through a pool of 2 (the machine has 2 cores), 4 concurrent users, vs bare processes.
+    # 4. throughput through a pool of 2 (the machine has 2 cores), 4 concurrent users, vs bare processes:
+    # one exec per lease, then `execs_per_lease` per lease; each pooled run is timed between two bare runs.
     jobs = max(40, n)
 
-    async def user(pool, count):
-        for _ in range(count):
+    async def user(pool, count, per_lease):
+        for _ in range(count // per_lease):
             async with pool.acquire() as s:
-                r = await s.exec(["python3", "-c", "pass"], timeout=30)
-                assert r.exit_code == 0
+                for _ in range(per_lease):
+                    r = await s.exec(["python3", "-c", "pass"], timeout=30)
+                    assert r.exit_code == 0
 
-    async with make_pool(kind, snapshot, size=2, **extra, **limits) as pool:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(user(pool, jobs // 4) for _ in range(4)))
-        await pool.drain()
-        pooled_s = time.perf_counter() - t0
-        stats = pool.stats()
+    async def pooled(per_lease: int) -> tuple[float, object]:
+        async with make_pool(kind, snapshot, size=2, **extra, **limits) as pool:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(user(pool, jobs // 4, per_lease) for _ in range(4)))
+            await pool.drain()
+            return time.perf_counter() - t0, pool.stats()
 
     async def bare_user(count):
         for _ in range(count):
             await _bare([PY, "-c", "pass"])
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(bare_user(jobs // 2) for _ in range(2)))
-    bare_s = time.perf_counter() - t0
+    async def bare_run() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(bare_user(jobs // 2) for _ in range(2)))
+        return time.perf_counter() - t0
+
+    before = await bare_run()
+    pooled_s, stats = await pooled(1)
+    middle = await bare_run()
+    pooled_k_s, _ = await pooled(execs_per_lease)
+    after = await bare_run()
+    bare_s = (before + middle) / 2  # the bare runs on either side of each pooled run
+    bare_k_s = (middle + after) / 2
+    per_lease_execs = jobs // 4 // execs_per_lease * execs_per_lease * 4
+
+    # 5. what one lease's reset costs (off the caller's path, but on the machine's CPUs).
+    resets = []
+    sb = await make_sandbox(kind, snapshot, **extra, **limits)
+    try:
+        for _ in range(max(5, n // 10)):
+            await sb.exec(["/bin/true"], timeout=30)
+            t0 = time.perf_counter()
+            await sb.reset()
+            resets.append(time.perf_counter() - t0)
+    finally:
+        await sb.close()
 
     med = statistics.median
     return {
@@ -131,8 +165,80 @@ async def bench_backend(kind: str, snapshot: str, n: int, limits: dict) -> dict:
         "pool_execs_per_s": (jobs // 4 * 4) / pooled_s,
         "bare_execs_per_s": (jobs // 2 * 2) / bare_s,
         "pool_throughput_ratio": ((jobs // 4 * 4) / pooled_s) / ((jobs // 2 * 2) / bare_s),
+        f"pool_execs_per_s_k{execs_per_lease}": per_lease_execs / pooled_k_s,
+        f"pool_throughput_ratio_k{execs_per_lease}": (per_lease_execs / pooled_k_s)
+        / ((jobs // 2 * 2) / bare_k_s),
+        "reset_p50_ms": _pct(resets, 0.5),
         "pool_queue_wait_p50_ms": stats.queue_wait_p50_ms,
         "pool_queue_wait_p99_ms": stats.queue_wait_p99_ms,
+    }
+
+
+async def bench_leases(hosts: list[str], leases: int, snapshot: str, limits: dict) -> dict:
+    """`leases` concurrent leases over a pool of as many docker sandboxes spread over `hosts`."""
+    from arlctl.sandbox.docker_engines import DockerEngines, parse_hosts
+
+    engines = DockerEngines(parse_hosts(hosts))
+    t0 = time.perf_counter()
+    pool = make_pool("docker", snapshot, size=leases, max_wait_s=300, engines=engines, **limits)
+    await pool.start()
+    start_s = time.perf_counter() - t0
+    placed = {s["engine"]: s["count"] for s in engines.stats()}
+    exhausted = [0]
+
+    async def lease(waits: list[float], barrier: asyncio.Event | None, held: list[int]) -> None:
+        t = time.perf_counter()
+        try:
+            async with pool.acquire() as sb:
+                waits.append(time.perf_counter() - t)
+                r = await sb.exec(["/bin/true"], timeout=60)
+                assert r.exit_code == 0, r
+                if barrier is not None:  # every lease is held at the same time before any is released
+                    held[0] += 1
+                    if held[0] == leases:
+                        barrier.set()
+                    await asyncio.wait_for(barrier.wait(), 600)
+        except PoolExhausted:
+            exhausted[0] += 1
+            if barrier is not None:
+                held[0] += 1
+                if held[0] == leases:
+                    barrier.set()
+
+    try:
+        # 1. all `leases` held at once (the pool is warm: every sandbox idle).
+        held_waits: list[float] = []
+        t0 = time.perf_counter()
+        barrier, held = asyncio.Event(), [0]
+        await asyncio.gather(*(lease(held_waits, barrier, held) for _ in range(leases)))
+        held_s = time.perf_counter() - t0
+        # 2. churn: each of `leases` users takes 2 leases back to back, so most wait for a recycled sandbox.
+        await pool.drain()
+        churn_waits: list[float] = []
+
+        async def user() -> None:
+            for _ in range(2):
+                await lease(churn_waits, None, [0])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(leases)))
+        churn_s = time.perf_counter() - t0
+        stats = pool.stats()
+    finally:
+        await pool.close()
+    return {
+        "leases": leases,
+        "engines": len(placed),
+        "pool_start_s": start_s,
+        "placed_per_engine": placed,
+        "held_acquire_p50_ms": _pct(held_waits, 0.5),
+        "held_acquire_p99_ms": _pct(held_waits, 0.99),
+        "held_round_s": held_s,
+        "churn_acquire_p50_ms": _pct(churn_waits, 0.5),
+        "churn_acquire_p99_ms": _pct(churn_waits, 0.99),
+        "churn_leases_per_s": 2 * leases / churn_s,
+        "pool_exhausted": exhausted[0],
+        "replacements": stats.replacements,
     }
 
 
@@ -160,6 +266,12 @@ def _print(rows: list[dict]) -> None:
             f"exec overhead {r['exec_overhead_python_ms']:.2f} ms over bare python3 -c pass "
             f"(x{r['exec_ratio_python']:.2f}; goal <= 10 ms: {ovh})"
         )
+        k_key = next(k for k in r if k.startswith("pool_throughput_ratio_k"))
+        print(
+            f"{r['backend']}: pooled exec throughput x{r['pool_throughput_ratio']:.2f} of bare at 1 exec per "
+            f"lease (each lease then pays a {r['reset_p50_ms']:.0f} ms reset), x{r[k_key]:.2f} at "
+            f"{k_key.rsplit('_k', 1)[1]} execs per lease (goal >= 0.9: {'ok' if r[k_key] >= 0.9 else 'MISSED'})"
+        )
 
 
 async def main() -> None:
@@ -167,22 +279,46 @@ async def main() -> None:
     ap.add_argument("--backends", default="bwrap,docker,subprocess")
     ap.add_argument("--n", type=int, default=100, help="samples per latency measurement")
     ap.add_argument("--json", action="store_true", help="print one JSON object per backend to stdout")
+    ap.add_argument(
+        "--execs-per-lease", type=int, default=8, help="execs per lease in the second throughput run"
+    )
+    ap.add_argument(
+        "--leases", type=int, default=0, help="concurrent docker leases over the --docker-host engines"
+    )
+    ap.add_argument(
+        "--docker-host", action="append", default=[], help="engine URL (repeatable), for --leases"
+    )
     args = ap.parse_args()
     limits = {"memory_mb": 512, "pids": 128, "disk_mb": 256}
     snapshot = _snapshot()
     rows = []
-    for kind in args.backends.split(","):
+    for kind in [k for k in args.backends.split(",") if k and k != "none"]:
         if kind == "docker" and not _docker_ok():
             continue
         print(f"[bench] {kind} ...", file=sys.stderr)
-        rows.append(
-            await bench_backend(kind, snapshot, args.n if kind != "docker" else max(20, args.n // 4), limits)
+        n = args.n if kind != "docker" else max(20, args.n // 4)
+        rows.append(await bench_backend(kind, snapshot, n, limits, args.execs_per_lease))
+    lease_row = None
+    if args.leases:
+        print(f"[bench] {args.leases} leases over {len(args.docker_host)} engine(s) ...", file=sys.stderr)
+        lease_row = await bench_leases(
+            args.docker_host, args.leases, snapshot, {"memory_mb": 256, "pids": 64, "disk_mb": 64}
         )
     if args.json:
-        for r in rows:
+        for r in rows + ([lease_row] if lease_row else []):
             print(json.dumps(r))
-    else:
+        return
+    if rows:
         _print(rows)
+    if lease_row:
+        for key, value in lease_row.items():
+            print(f"{key:32s}{value if isinstance(value, dict | int) else f'{value:.2f}'}")
+        goal = "ok" if lease_row["pool_exhausted"] == 0 else "MISSED"
+        print(
+            f"{lease_row['leases']} leases: acquire p50 {lease_row['held_acquire_p50_ms']:.2f} ms, p99 "
+            f"{lease_row['held_acquire_p99_ms']:.2f} ms; pool exhaustions {lease_row['pool_exhausted']} "
+            f"(goal 0: {goal})"
+        )
 
 
 if __name__ == "__main__":

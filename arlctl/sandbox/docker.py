@@ -28,6 +28,15 @@ The image is configurable (`image`, `python`, `user`, `workdir`; SWE-bench insta
 have python3); the default `arlctl/sandbox-base:1` is built by .ci/docker_setup.sh (Debian with python3,
 python3-pytest and git). Engine: `docker_host`, else $DOCKER_HOST, else /run/arlctl-docker.sock when it
 exists, else docker's default socket.
+
+Several engines (`docker_hosts`, or $ARLCTL_DOCKER_HOSTS; see docker_engines.py): `create` places each
+sandbox on the engine with the most free capacity and, when that engine turns out unreachable, ejects it
+and places the sandbox on another. `engine` and `placement()` say where a sandbox runs. When an engine
+dies under a running sandbox (its exec channel breaks, or a command's reply never comes and the engine
+no longer answers a ping), the command raises SandboxError naming the engine: an infrastructure
+failure, never an exit code a grader could score. The swe env turns it into an env_error row, and
+`rollout --top-up` resamples that member from scratch (on whichever engine is up): a trajectory is never
+continued on another sandbox, since the model's earlier turns acted on the dead one.
 """
 
 from __future__ import annotations
@@ -45,9 +54,11 @@ import time
 import uuid
 from pathlib import Path
 
+from arlctl.sandbox import docker_engines
 from arlctl.sandbox._channel import ExecChannel, exec_request, raw_stdout, to_result
 from arlctl.sandbox.base import ExecResult, SandboxError
 from arlctl.sandbox.cgroups import SandboxCgroup, cgroup_mounts
+from arlctl.sandbox.docker_engines import DockerEngines, shared_engines
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +68,7 @@ _SERVER_SRC = (Path(__file__).with_name("_sbxd.py")).read_text()
 _RESET_SRC = (Path(__file__).with_name("_lease_reset.py")).read_text()
 _START_TIMEOUT_S = 30.0
 _BACKSTOP_S = 5.0
+_API_TIMEOUT_S = 15.0  # engine API calls after start (inspect, kill, remove): a hung engine costs this
 
 
 def docker_client(docker_host: str | None = None, timeout: float = 60.0):
@@ -65,9 +77,7 @@ def docker_client(docker_host: str | None = None, timeout: float = 60.0):
         import docker
     except ImportError as e:
         raise SandboxError("the docker SDK is not installed", hint="pip install 'arlctl[docker]'") from e
-    url = docker_host or os.environ.get("DOCKER_HOST")
-    if not url and os.path.exists(PRIVATE_SOCKET):
-        url = f"unix://{PRIVATE_SOCKET}"
+    url = default_url(docker_host)
     try:
         client = (
             docker.DockerClient(base_url=url, timeout=timeout) if url else docker.from_env(timeout=timeout)
@@ -79,6 +89,17 @@ def docker_client(docker_host: str | None = None, timeout: float = 60.0):
             hint="run .ci/docker_setup.sh and export the DOCKER_HOST it prints",
         ) from e
     return client
+
+
+def default_url(docker_host: str | None = None) -> str | None:
+    """The engine a lone client talks to: `docker_host`, $DOCKER_HOST, the first of $ARLCTL_DOCKER_HOSTS,
+    the private socket when it exists; None: docker's own default."""
+    if docker_host or os.environ.get("DOCKER_HOST"):
+        return docker_host or os.environ.get("DOCKER_HOST")
+    configured = docker_engines.hosts_from()
+    if configured:
+        return configured[0][0]
+    return f"unix://{PRIVATE_SOCKET}" if os.path.exists(PRIVATE_SOCKET) else None
 
 
 def host_cgroup(pid: int) -> SandboxCgroup | None:
@@ -195,6 +216,9 @@ class DockerSandbox:
         self.memory_mb, self.pids_max, self.cpus, self.disk_mb = memory_mb, pids, cpus, disk_mb
         self.env = {"HOME": "/tmp", "LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})}
         self.docker_host, self.max_output_bytes = docker_host, max_output_bytes
+        self.engine = default_url(docker_host) or "default"  # where it runs (placement, error messages)
+        self.engines: DockerEngines | None = None  # set by create() when placed over several engines
+        self._reserved = False  # holds a slot of self.engine in self.engines (released by close())
         self.tainted = False
         self.taint_reason: str | None = None  # why it was tainted: timeout, unresponsive, oom, pids_limit
         self.limits_hit = (0, 0)  # (OOM kills, forks refused by the pids limit) seen so far
@@ -208,14 +232,59 @@ class DockerSandbox:
         self._closed = False
 
     @classmethod
-    async def create(cls, snapshot: str | None = None, **kwargs) -> DockerSandbox:
-        sb = cls(snapshot, **kwargs)
-        try:
-            await sb.start()
-        except BaseException:
-            await sb.close()
-            raise
-        return sb
+    async def create(
+        cls,
+        snapshot: str | None = None,
+        *,
+        docker_hosts: str | list[str] | None = None,
+        engine_limit: int | None = None,
+        engines: DockerEngines | None = None,
+        **kwargs,
+    ) -> DockerSandbox:
+        """Start a sandbox; over several engines (`engines`, `docker_hosts` or $ARLCTL_DOCKER_HOSTS, unless
+        one `docker_host` is given) on the one with the most free capacity, skipping any found dead."""
+        if engines is None and (docker_hosts or not kwargs.get("docker_host")):
+            hosts = docker_engines.hosts_from(docker_hosts, engine_limit)
+            engines = shared_engines(hosts) if hosts else None
+        if engines is None:
+            sb = cls(snapshot, **kwargs)
+            try:
+                await sb.start()
+            except BaseException:
+                await sb.close()
+                raise
+            return sb
+        failed: list[str] = []
+        last_error: SandboxError | None = None
+        while True:
+            try:
+                host = engines.placement.reserve(exclude=failed)
+            except SandboxError:  # no engine left to try: the last start failure says most
+                if last_error is not None:
+                    raise last_error from None
+                raise
+            sb = cls(snapshot, **{**kwargs, "docker_host": host})
+            sb.engines, sb._reserved = engines, True
+            try:
+                await sb.start()
+            except BaseException as e:
+                await sb.close()
+                if not isinstance(e, SandboxError):
+                    raise
+                if await engines.check(host) is None:  # else it is ejected (and that is logged)
+                    # It answers: this start failed (say, the image is not on that engine).
+                    engines.placement.confirm(host)
+                    log.warning("docker sandbox could not start on %s (%s); trying another engine", host, e)
+                failed.append(host)
+                last_error = e
+                continue
+            engines.placement.confirm(host)
+            return sb
+
+    def placement(self) -> dict[str, str]:
+        """Where this sandbox runs: the engine and the container."""
+        container = self.container.id[:12] if self.container is not None else ""
+        return {"backend": self.kind, "engine": self.engine, "container": container}
 
     async def start(self) -> None:
         fd = await asyncio.to_thread(self._create_and_attach)
@@ -230,6 +299,7 @@ class DockerSandbox:
         if not hello.get("ready"):
             raise SandboxError(f"docker sandbox failed to start: {hello}")
         self.cgroup = await asyncio.to_thread(self._find_cgroup)
+        self._client.api.timeout = _API_TIMEOUT_S
         await self._restore()
 
     def _create_and_attach(self) -> int:
@@ -333,14 +403,31 @@ class DockerSandbox:
         request = exec_request(wrapped, timeout, stdin, self.workdir, max_output)
         try:
             return await self._chan.call(request, timeout + _BACKSTOP_S)
-        except (TimeoutError, SandboxError):
+        except (TimeoutError, SandboxError) as e:
             # The exec server hung or died: a fork bomb that starved it shows in the counters, if they
-            # are still there (when pid 1 dies the container's cgroup goes with it).
+            # are still there (when pid 1 dies the container's cgroup goes with it) ...
             if self.cgroup is not None and self.cgroup.pids_limit_hits() > self.limits_hit[1]:
                 self._taint("pids_limit")
+            # ... or the engine under it went away: infrastructure, never a result to grade.
+            if not self.tainted and (why := await self._engine_down()) is not None:
+                self._taint("engine_unreachable")
+                raise SandboxError(
+                    f"docker engine {self.engine} is unreachable: {why}",
+                    hint="the pool places new sandboxes on the other engines",
+                ) from e
             self._taint("unresponsive")
             await asyncio.to_thread(self._kill_container)
             raise
+
+    async def _engine_down(self) -> str | None:
+        """None while this sandbox's engine answers a ping, else why not (ejecting it from the placement)."""
+        if self.engines is not None:
+            return await self.engines.check(self.engine)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._client.ping), 5.0)
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
 
     # ---- the Sandbox protocol --------------------------------------------------------------------
 
@@ -398,6 +485,8 @@ class DockerSandbox:
     async def health(self, timeout: float = 2.0) -> bool:
         if self._closed or self.tainted or self._chan is None:
             return False
+        if self.engines is not None and not self.engines.placement.is_up(self.engine):
+            return False  # its engine was found dead: replace it without waiting on a ping
         async with self._lock:
             return await self._chan.ping(timeout)
 
@@ -410,7 +499,9 @@ class DockerSandbox:
             self._taint("reset_unclean")
             left = ", ".join(report.get("left") or []) or to_result(reply, 0, 0).stderr.strip()[-300:]
             raise SandboxError(f"docker sandbox is not provably clean between leases: {left}")
-        reply = await self._call(["tar", "-x", "-f", "-", "-C", self.workdir], 120, self._snapshot_tar, 1 << 16)
+        reply = await self._call(
+            ["tar", "-x", "-f", "-", "-C", self.workdir], 120, self._snapshot_tar, 1 << 16
+        )
         if reply["exit"] != 0:
             raise SandboxError(f"could not restore the workspace: {to_result(reply, 0, 0).stderr.strip()}")
 
@@ -431,6 +522,9 @@ class DockerSandbox:
         if self._closed:
             return
         self._closed = True
+        if self._reserved and self.engines is not None:
+            self._reserved = False
+            self.engines.placement.release(self.engine)
         if self._chan is not None:
             self._chan.writer.close()
         if self.container is not None:

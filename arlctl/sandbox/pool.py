@@ -12,6 +12,14 @@ timed out, was OOM-killed, raised SandboxError or fails its health check is clos
 fresh one rather than reused; `stats().replacement_causes` counts why (the backend's `taint_reason`
 when it gives one: timeout, oom, pids_limit, ...; else tainted, error, reset_failed, health_check).
 Waiting for a free sandbox is bounded (`max_wait_s`); the time every acquire spent queued is recorded.
+A sandbox that breaks while its lease is being prepared (switching it to the task's snapshot), before
+the caller has run anything in it, is replaced and the acquire tries another one: nothing was lost yet.
+
+Sandboxes spread over several engines (docker hosts) are placed by `EngineSet`: the engine with the most
+free capacity (its limit minus the sandboxes it holds; ties go to the least loaded) gets the next one; an
+engine found unreachable is ejected, new sandboxes go to the others, and it is tried again after a
+backoff that doubles while it stays down. The backend reserves a slot when it creates a sandbox and
+releases it when the sandbox closes, so every pool of a run (one per task snapshot) sees the same counts.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import threading
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from arlctl.errors import TransientError
@@ -63,9 +73,11 @@ class SandboxPool:
         size: int,
         max_wait_s: float = 300.0,
         health_timeout_s: float = 2.0,
+        start_concurrency: int = 16,
     ):
         if size < 1:
             raise ValueError("pool size must be >= 1")
+        self.start_concurrency = max(1, start_concurrency)
         self.factory, self.size, self.max_wait_s = factory, size, max_wait_s
         self.health_timeout_s = health_timeout_s
         self._idle: asyncio.Queue[Sandbox] = asyncio.Queue()
@@ -77,17 +89,36 @@ class SandboxPool:
         self._closed = False
 
     async def start(self) -> SandboxPool:
-        results = await asyncio.gather(*(self.factory() for _ in range(self.size)), return_exceptions=True)
+        """Start `size` sandboxes, `start_concurrency` at a time (hundreds booting at once starve each
+        other past their start timeout). When none starts, the pool is closed and the first cause raised;
+        when only some fail (a loaded engine), the rest are created in the background, with backoff."""
+        gate = asyncio.Semaphore(self.start_concurrency)
+
+        async def one() -> Sandbox:
+            async with gate:
+                return await self.factory()
+
+        results = await asyncio.gather(*(one() for _ in range(self.size)), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         for sb in results:
             if not isinstance(sb, BaseException):
                 self._all.add(sb)
                 self._idle.put_nowait(sb)
-        if failures:
+        if failures and (not self._all or any(not isinstance(f, Exception) for f in failures)):
             await self.close()
             raise SandboxError(
                 f"could not start {len(failures)} of {self.size} sandboxes: {failures[0]}"
             ) from failures[0]
+        if failures:
+            self._create_failures += len(failures)
+            log.warning(
+                "%d of %d sandboxes failed to start (%s); creating them in the background",
+                len(failures),
+                self.size,
+                failures[0],
+            )
+            for _ in failures:
+                self._spawn(self._create_one())
         return self
 
     async def __aenter__(self) -> SandboxPool:
@@ -100,17 +131,35 @@ class SandboxPool:
     async def acquire(self, snapshot: str | None = None) -> AsyncIterator[Sandbox]:
         """Hold a healthy sandbox; with `snapshot`, its workspace is first switched to that task's snapshot,
         so one pool can serve many tasks."""
-        sb = await self._take()
+        sb = await self._prepared(snapshot)
         spoiled = False
         try:
-            if snapshot is not None and sb.snapshot != snapshot:
-                await sb.set_snapshot(snapshot)
             yield sb
         except SandboxError:
             spoiled = True
             raise
         finally:
             self._spawn(self._recycle(sb, spoiled or sb.tainted))
+
+    async def _prepared(self, snapshot: str | None, attempts: int = 3) -> Sandbox:
+        """A healthy sandbox switched to `snapshot`. One that breaks while switching (tainted: its engine
+        died, say) is replaced and another is tried: the caller has run nothing in it, so nothing is lost."""
+        for attempt in range(attempts):
+            sb = await self._take()
+            if snapshot is None or sb.snapshot == snapshot:
+                return sb
+            try:
+                await sb.set_snapshot(snapshot)
+                return sb
+            except SandboxError as e:
+                self._spawn(self._recycle(sb, spoiled=True))
+                if not sb.tainted or attempt == attempts - 1:
+                    raise  # untainted: the snapshot, not the sandbox, is at fault; another would fail alike
+                log.warning("sandbox failed while switching to %s (%s); trying another", snapshot, e)
+            except BaseException:
+                self._spawn(self._recycle(sb, sb.tainted))
+                raise
+        raise AssertionError("unreachable")
 
     async def _take(self) -> Sandbox:
         if self._closed:
@@ -164,6 +213,10 @@ class SandboxPool:
         self._replacements += 1
         self._causes[cause] += 1
         await _close_quietly(sb)
+        await self._create_one()
+
+    async def _create_one(self) -> None:
+        """Create one sandbox for the idle queue, retrying with backoff until it starts or the pool closes."""
         delay = 0.1
         while not self._closed:
             try:
@@ -215,3 +268,139 @@ async def _close_quietly(sb: Sandbox) -> None:
         await sb.close()
     except Exception as e:
         log.warning("closing a sandbox failed: %s", e)
+
+
+# ---- placement over several engines ---------------------------------------------------------------
+
+
+class EnginesUnavailable(SandboxError):
+    """No engine can take another sandbox now: every one is ejected (unreachable) or at its limit."""
+
+
+@dataclass
+class EngineState:
+    """One engine as the placement sees it. `limit` None means no limit of its own."""
+
+    name: str
+    limit: int | None = None
+    count: int = 0  # sandboxes it holds now (reserved, starting or running)
+    placed: int = 0  # sandboxes ever placed on it
+    ejections: int = 0
+    ejected_until: float = 0.0  # monotonic time of its next trial; 0 while it is up
+    backoff_s: float = 0.0  # the wait after its latest ejection (doubles while it stays down)
+    on_trial: bool = False  # one placement is testing whether an ejected engine is back
+    last_error: str | None = None
+    last_pick: int = 0  # placement sequence number of its latest pick (ties between equals rotate)
+
+    @property
+    def up(self) -> bool:
+        return self.ejected_until == 0.0
+
+    @property
+    def free(self) -> float:
+        return math.inf if self.limit is None else self.limit - self.count
+
+    def to_json(self) -> dict:
+        return {
+            "engine": self.name,
+            "up": self.up,
+            "count": self.count,
+            "limit": self.limit,
+            "placed": self.placed,
+            "ejections": self.ejections,
+            "last_error": self.last_error,
+        }
+
+
+class EngineSet:
+    """Which engine gets the next sandbox, and which engines are out for now (see the module docstring).
+
+    reserve() picks and counts a slot; the backend calls confirm() once the sandbox runs (readmitting an
+    engine on trial), release() when it closes, and eject() when it finds the engine unreachable.
+    Thread-safe: backends create sandboxes in worker threads.
+    """
+
+    def __init__(
+        self,
+        engines: Iterable[tuple[str, int | None]],
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.engines = {name: EngineState(name, limit) for name, limit in engines}
+        if not self.engines:
+            raise ValueError("an engine set needs at least one engine")
+        self.backoff_s, self.max_backoff_s, self.clock = backoff_s, max_backoff_s, clock
+        self._lock = threading.Lock()
+        self._picks = 0
+
+    def reserve(self, exclude: Iterable[str] = ()) -> str:
+        """The engine with the most free capacity (ties: fewest sandboxes, then the one picked longest
+        ago), its count already raised; EnginesUnavailable when none can take one."""
+        skip = set(exclude)
+        with self._lock:
+            now = self.clock()
+            candidates = [
+                e
+                for e in self.engines.values()
+                if e.name not in skip and e.free > 0 and (e.up or (now >= e.ejected_until and not e.on_trial))
+            ]
+            if not candidates:
+                raise EnginesUnavailable(
+                    self._why_none(skip, now),
+                    hint="check the engines (arlctl sandbox prefetch) or raise their limits",
+                )
+            best = min(candidates, key=lambda e: (-e.free, e.count, e.last_pick))
+            if not best.up:
+                best.on_trial = True  # the only placement until it proves the engine is back
+            self._picks += 1
+            best.count, best.placed, best.last_pick = best.count + 1, best.placed + 1, self._picks
+            return best.name
+
+    def _why_none(self, skip: set[str], now: float) -> str:
+        parts = []
+        for e in self.engines.values():
+            if e.name in skip:
+                parts.append(f"{e.name}: failed just now")
+            elif not e.up:
+                parts.append(
+                    f"{e.name}: unreachable, retried in {max(0.0, e.ejected_until - now):.1f}s"
+                    + (f" ({e.last_error})" if e.last_error else "")
+                )
+            else:
+                parts.append(f"{e.name}: at its limit ({e.count}/{e.limit})")
+        return "no docker engine can take another sandbox: " + "; ".join(parts)
+
+    def confirm(self, name: str) -> None:
+        """A sandbox placed on `name` runs: an engine on trial is back in the set."""
+        with self._lock:
+            e = self.engines[name]
+            if not e.up:
+                log.warning("engine %s answers again; placing sandboxes on it", name)
+            e.ejected_until, e.backoff_s, e.on_trial = 0.0, 0.0, False
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            e = self.engines[name]
+            e.count = max(0, e.count - 1)
+            e.on_trial = False  # a trial that ended without a verdict (cancelled): the next one may try
+
+    def eject(self, name: str, cause: str) -> None:
+        """`name` is unreachable: place nothing there until its backoff has passed, then try one sandbox."""
+        with self._lock:
+            e = self.engines[name]
+            e.last_error = cause
+            if not e.up and self.clock() < e.ejected_until:
+                return  # already out; the backoff runs from the first report
+            e.backoff_s = min(self.max_backoff_s, e.backoff_s * 2 if e.backoff_s else self.backoff_s)
+            e.ejected_until, e.on_trial = self.clock() + e.backoff_s, False
+            e.ejections += 1
+        log.warning("engine %s is unreachable (%s); ejected, retried in %.1fs", name, cause, e.backoff_s)
+
+    def is_up(self, name: str) -> bool:
+        with self._lock:
+            return self.engines[name].up
+
+    def stats(self) -> list[dict]:
+        with self._lock:
+            return [e.to_json() for e in self.engines.values()]
