@@ -40,6 +40,10 @@ class TrainConfig:
     tis_cap: float | None = setting(None, "Truncated importance-sampling cap.")
     kl_coef: float = setting(0.0, "k3 KL to the initial policy.")
     loss_agg: str = setting("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean.")
+    loss: str = setting("ppo-clip", "ppo-clip: the clipped policy gradient on advantages (GRPO/PPO) | sft: "
+                                    "negative log-likelihood of the mask-1 tokens (a cold start on rows a filter "
+                                    "kept, e.g. --where 'reward = 1'); advantages and behaviour log-probs unused, "
+                                    "--loss-agg, row weights and --kl-coef apply.")
     micro_tokens: int = setting(8192, "Padded tokens per micro-batch.")
     precision: str = setting("fp32", "fp32 | bf16: bf16 weights and compute with fp32 master weights and optimizer "
                                      "state (FSDP2: MixedPrecisionPolicy, fp32 gradient reduction).")
@@ -78,10 +82,12 @@ class TrainConfig:
         return torch.device(self.device)
 
     def check(self) -> None:
-        from arlctl.rl.losses import LOSS_AGG_MODES  # torch: import late
+        from arlctl.rl.losses import LOSS_AGG_MODES, LOSS_KINDS  # torch: import late
 
         if self.loss_agg not in LOSS_AGG_MODES:
             raise UsageError(f"--loss-agg must be one of {', '.join(LOSS_AGG_MODES)}, not {self.loss_agg!r}")
+        if self.loss not in LOSS_KINDS:
+            raise UsageError(f"--loss must be one of {', '.join(LOSS_KINDS)}, not {self.loss!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise UsageError(f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}")
         if self.precision not in PRECISIONS:
@@ -124,11 +130,11 @@ class TrainConfig:
     def lora_target_list(self) -> list[str]:
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
-    def loss(self) -> Any:
+    def loss_config(self) -> Any:
         from arlctl.rl.losses import LossConfig
 
         return LossConfig(eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=self.tis_cap,
-                          kl_coef=self.kl_coef, loss_agg=self.loss_agg)
+                          kl_coef=self.kl_coef, loss_agg=self.loss_agg, kind=self.loss)
 
 
 @dataclass
@@ -219,7 +225,7 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
                 "top-up": bool, "max-top-up": int, "max-batch": int, "flush-groups": int, "flush-seconds": float,
                 "prefix": str, "env-opt": list, "backend-opt": list, "sandbox": str, "sandboxes": int,
                 "insecure-sandbox": bool, "max-epochs": int, "max-pending": int, "max-staleness": int,
-                "worker": str, "quiet": bool},
+                "worker": str, "quiet": bool, "servers-file": str, "docker-host": list},
     "reward": {**_RUNS, "in": str, "out": str, "worker": str},
     "filter": {**_RUNS, "in": str, "out": str, "metrics": str, "policy-dir": str, "ckpt-dir": str,
                "current-version": int, "quarantine": bool},

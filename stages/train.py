@@ -6,6 +6,8 @@ Reads top to bottom like a torchtune recipe:
             reference (only with --kl-coef), AdamW and the LR schedule; restore their states and the RNG
   loop      one batch shard = one optimizer step, in name order, skipping shards already consumed:
             micro-batches under a token budget -> masked PPO-clip loss -> backward -> clip -> step
+            (`--loss sft`: the NLL of the mask-1 tokens instead, for a cold start on rows a filter kept,
+            e.g. `filter --where 'reward = 1'`; same batches, strategies, LoRA, aggregation and checkpoints)
   save      every --save-every steps and at the end: step-NNNNNN/ with weights, optimizer, scheduler, RNG
             and state.json {step, consumed_batches, config}; built in a temp dir and renamed
 
@@ -72,7 +74,7 @@ from arlctl.rl.batching import (
     score_tokens,
     trajectory_shares,
 )
-from arlctl.rl.losses import finalize_metrics, policy_loss
+from arlctl.rl.losses import finalize_metrics, policy_loss, sft_loss
 from arlctl.rl.trainer_state import (  # noqa: F401 (API: load_model, load_tokenizer, lr_lambda live with the state)
     LORA_REFERENCE,
     TrainerState,
@@ -98,7 +100,7 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     whole batch's denominators and the returned sums are the whole batch's (reduced over ranks).
     """
     d = d or dd.Dist()
-    loss_cfg = cfg.loss()
+    loss_cfg = cfg.loss_config()
     device = next(model.parameters()).device
     autocast = nullcontext()
     if cfg.precision == "bf16" and next(model.parameters()).dtype == torch.float32 and not _is_fsdp(model):
@@ -132,8 +134,13 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
         with dd.grad_sync_scope(model, last=k == steps - 1), autocast:
             ref_logp = _reference_logp(model, ref_model, mb, cfg)
             logp, entropy = _score(model, mb, with_entropy=True, temperature=cfg.temperature)  # [B, L-1]
-            loss, sums = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.loss_mask, loss_cfg,
-                                     weights=mb.weights, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
+            if loss_cfg.kind == "sft":  # imitation of the kept rows: no advantage, no ratio in the loss
+                loss, sums = sft_loss(logp, mb.loss_mask, loss_cfg, weights=mb.weights, ref_logp=ref_logp,
+                                      num_tokens=num_tokens, num_seqs=num_seqs, behaviour_logp=mb.behaviour_logp)
+            else:
+                loss, sums = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.loss_mask, loss_cfg,
+                                         weights=mb.weights, ref_logp=ref_logp, num_tokens=num_tokens,
+                                         num_seqs=num_seqs)
             (loss * scale if scale != 1.0 else loss).backward()
         if rows:
             out["loss"] += float(loss.detach())
@@ -170,7 +177,7 @@ def _is_fsdp(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-SUM_KEYS = ("tokens", "clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean")
+SUM_KEYS = ("tokens", "nll", "clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean")
 
 
 def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
@@ -378,7 +385,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
             break
         last_url = url
         batch = read_shard(url, bad_values="keep")  # bad rows are dropped, counted, by train_step
-        if batch.column("advantage").null_count:
+        if cfg.loss != "sft" and batch.column("advantage").null_count:  # sft reads no advantage
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
         metrics = train_step(trainer.module, trainer.ref, trainer.optimizer, trainer.scheduler, batch, cfg,
                              version=step, trainer=trainer)

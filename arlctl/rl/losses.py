@@ -10,6 +10,8 @@ Pieces, composed by `policy_loss`:
   truncated_is_weights    min(exp(proximal_logp - behaviour_logp), cap): rollout/trainer mismatch correction
   kl_k3                   k3 estimator of KL(pi || pi_ref) = exp(ref - logp) - (ref - logp) - 1
   aggregate_loss          token-mean | seq-mean-token-sum | seq-mean-token-mean, every denominator clamped
+  sft_loss                negative log-likelihood of the mask-1 tokens (`train --loss sft`: a cold start on
+                          rows a filter kept), aggregated by the same modes; advantages take no part
 
 Gradient accumulation is exact: `aggregate_loss` takes the denominators of the whole optimizer batch
 (`num_tokens`, `num_seqs`) so that summing the micro-batch losses gives the full-batch loss.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_KINDS = ("ppo-clip", "sft")  # `train --loss`: policy_loss | sft_loss
 # exp(20) ~ 4.9e8: far outside any PPO clip band, far inside float32 (as verl clamps its log-ratios).
 LOG_RATIO_CLAMP = 20.0
 
@@ -145,6 +148,7 @@ class LossConfig:
     tis_cap: float | None = None  # None: no truncated IS; ratio is taken against the behaviour log-probs
     kl_coef: float = 0.0
     loss_agg: str = "token-mean"
+    kind: str = "ppo-clip"  # one of LOSS_KINDS: which objective train_step takes (policy_loss or sft_loss)
 
 
 def policy_loss(
@@ -196,6 +200,40 @@ def policy_loss(
     return loss, _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg)
 
 
+def sft_loss(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    weights: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    behaviour_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Supervised fine-tuning: the negative log-likelihood of the mask-1 tokens. Returns (loss, metric sums).
+
+    per-token loss = -logp (+ kl_coef * k3 KL to the reference), times the row weight, reduced by
+    `aggregate_loss` with the whole batch's denominators, exactly like `policy_loss`; so token-mean is the
+    mean NLL per trained token and gradient accumulation over micro-batches and ranks stays exact.
+    Advantages and rewards take no part: which rows to imitate was decided upstream (`filter --where
+    'reward = 1'`). behaviour_logp, when given, only feeds the ratio metrics (how far the trained policy is
+    from the one that wrote the rows); without it the ratio is reported as 1.
+    """
+    mask_f = mask.to(logp.dtype)  # [B, T]
+    logp = zero_off_mask(logp, mask)  # [B, T]
+    behaviour_logp = logp.detach() if behaviour_logp is None else zero_off_mask(behaviour_logp, mask)  # [B, T]
+    per_token = -logp  # [B, T]
+    kl = torch.zeros_like(logp) if ref_logp is None else kl_k3(logp, zero_off_mask(ref_logp, mask))  # [B, T]
+    if cfg.kl_coef:
+        per_token = per_token + cfg.kl_coef * kl  # [B, T]
+    if weights is not None:
+        per_token = per_token * zero_off_mask(weights.to(logp.dtype), mask)  # [B, T]
+    loss = aggregate_loss(per_token, mask, cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    ratio = clamped_exp((logp - behaviour_logp).detach())  # [B, T]
+    no_advantage = torch.zeros(logp.shape[0], dtype=logp.dtype, device=logp.device)  # [B]: nothing is clipped
+    return loss, _metric_sums(logp, behaviour_logp, ratio, no_advantage, mask_f, kl, cfg)
+
+
 def _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg: LossConfig) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
@@ -208,6 +246,7 @@ def _metric_sums(logp, behaviour_logp, ratio, advantages, mask_f, kl, cfg: LossC
         on = mask_f > 0
         return {
             "tokens": mask_f.sum(),
+            "nll": (-logp.detach() * mask_f).sum(),
             "clip_frac_low": (clip_low * mask_f).sum(),
             "clip_frac_high": (clip_high * mask_f).sum(),
             "approx_kl": (approx_kl * mask_f).sum(),
@@ -222,7 +261,7 @@ def finalize_metrics(sums: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """Combine per-micro-batch metric sums into per-token means (max/min for the ratio extremes)."""
     tokens = max(sum(float(s["tokens"]) for s in sums), 1.0)
     out: dict[str, float] = {"tokens": tokens}
-    for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean"):
+    for key in ("nll", "clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean"):
         out[key] = sum(float(s[key]) for s in sums) / tokens
     out["ratio_max"] = max((float(s["ratio_max"]) for s in sums), default=1.0)
     out["ratio_min"] = min((float(s["ratio_min"]) for s in sums), default=1.0)
