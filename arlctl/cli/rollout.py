@@ -59,9 +59,12 @@ def register(app: typer.Typer) -> None:
             [], "--chat-template-kwargs", help="KEY=VALUE for the chat template (repeatable), e.g. enable_thinking=false."),
         max_error_frac: float = typer.Option(0.5, "--max-error-frac", help="Exit 1 when more than this share of "
                                              "trajectories ends env_error or policy_error."),
-        policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny, or a scripted oracle:gold / oracle:empty (swe), oracle:humaneval, oracle:reasoning-gym, oracle:replies=FILE, oracle:textarena."),
+        policy: str = typer.Option("default", "--policy", help="HF dir, RUN/policy (uses LATEST), default, tiny, or a scripted oracle:gold / oracle:empty (swe), oracle:humaneval, oracle:reasoning-gym, oracle:replies=FILE, oracle:textarena, oracle:calculator (math)."),
         backend: str = typer.Option("hf", "--backend", help="Inference backend: hf, vllm, openai."),
         server: list[str] = typer.Option([], "--server", help="openai backend: server URL (repeatable)."),
+        servers_file: str = typer.Option(None, "--servers-file", help="openai backend: a file of server URLs "
+                                         "re-read while running (engines join and drain); default RUN/fleet.json "
+                                         "with --run when it exists or no --server is given."),
         run: RunOpt = None,
         out: OutOpt = None,
         limit: int = typer.Option(None, "--limit", help="Use only the first N tasks."),
@@ -81,6 +84,8 @@ def register(app: typer.Typer) -> None:
         sandboxes: int = typer.Option(None, "--sandboxes", help="swe: warm sandboxes in the pool."),
         insecure_sandbox: bool = typer.Option(False, "--insecure-sandbox",
                                               help="Allow the subprocess backend (trusted code only)."),
+        docker_host: list[str] = typer.Option([], "--docker-host", help="--sandbox docker: an engine, 'URL max=N' "
+                                              "or a hosts file (repeatable); sandboxes spread over them."),
         watch: WatchOpt = False,
         max_epochs: int = typer.Option(None, "--max-epochs", help="--watch: stop after N epochs (default: never)."),
         poll: PollOpt = 5.0,
@@ -106,7 +111,8 @@ def register(app: typer.Typer) -> None:
         share = parse_worker(worker)
         task_list = [t for t in task_list if owns(str(t.get("task_id", "")), *share)]
         options = job_api.parse_env_options(env_opt)
-        for key, value in (("sandbox", sandbox), ("sandboxes", sandboxes), ("insecure_sandbox", insecure_sandbox or None)):
+        for key, value in (("sandbox", sandbox), ("sandboxes", sandboxes), ("insecure_sandbox", insecure_sandbox or None),
+                           ("docker_hosts", list(docker_host) or None)):
             if value is not None:
                 options[key] = value
         picker = job_api.EnvPicker(options)
@@ -132,6 +138,10 @@ def register(app: typer.Typer) -> None:
                                         **job_api.parse_env_options(backend_opt, "--backend-opt")}
         if server:
             backend_opts["servers"] = server
+        if backend == "openai":
+            servers_file = _servers_file(servers_file or backend_opts.get("servers_file"), run, bool(server))
+            if servers_file:
+                backend_opts["servers_file"] = servers_file
         lock_name = "rollout" if share[1] == 1 else f"rollout-worker{share[0]}of{share[1]}"
         with RunLock(out, lock_name, wait_s=lock_wait):
             pol = as_policy(_scripted(policy, task_list) if policy.startswith("oracle:")
@@ -157,6 +167,7 @@ SCRIPTED = {
     "oracle:humaneval": "arlctl.envs.code_oracle:load_oracle",  # HumanEval's canonical solutions
     "oracle:reasoning-gym": "arlctl.envs.reasoning_gym_oracle:load_scripted",  # regenerated reference answers
     "oracle:replies=": "arlctl.envs.reasoning_gym_oracle:load_scripted",  # replies from a JSONL of task_id -> reply
+    "oracle:calculator": "arlctl.envs.math_oracle:load_math_oracle",  # math: calls the calculator, then answers
     "oracle:": "arlctl.envs.swe.oracle:load_oracle",  # swe: oracle:gold (gold patches), oracle:empty (no change)
 }
 
@@ -172,6 +183,18 @@ def _scripted(policy: str, task_list: list[dict[str, Any]]) -> Any:
     module, _, function = SCRIPTED[prefix].partition(":")
     load = getattr(importlib.import_module(module), function)
     return load(policy, models.smollm2_tokenizer(), tasks=task_list)
+
+
+def _servers_file(given: str | None, run: str | None, has_servers: bool) -> str | None:
+    """The openai backend's servers file: the one given, else RUN/fleet.json when it exists or when no --server
+    names an engine (then a missing file is the loader's clear error, not a silent empty fleet)."""
+    if given or run is None:
+        return given
+    from arlctl.io import store
+    from arlctl.io.run import RunLayout
+
+    fleet = RunLayout(run).fleet
+    return fleet if (not has_servers or store.exists(fleet)) else None
 
 
 def _preflight(env_names: list[str], sandbox: str | None, backend: str) -> None:

@@ -97,3 +97,27 @@ def test_ctrl_c_flushes_completed_and_aborts_in_flight(tmp_path):
     assert all(len(v) == 2 for v in groups.values())
     assert any("aborted" in v for v in groups.values())
     assert not [f for f in os.listdir(out) if f.startswith(".")]  # no temp file left behind
+
+
+def test_rollout_with_run_reads_its_fleet_file_and_without_one_says_so(tmp_path):
+    """`--backend openai --run RUN` without --server takes its engines from RUN/fleet.json (`arlctl fleet add`);
+    with no fleet file either, it is a usage error naming the fix, before any work."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "serve"))
+    from serve_helpers import ServeProcess
+
+    run = tmp_path / "run"
+    base = ["rollout", "--run", str(run), "--backend", "openai", "--env", "first-token", "--policy", "tiny",
+            "-G", "2", "--limit", "2", "--max-new-tokens", "4", "-q", "--json"]
+    empty = arlctl(*base)
+    assert empty.returncode == 2 and "no server" in empty.stderr and "arlctl fleet add" in empty.stderr
+    engine = ServeProcess(tmp_path / "rec")
+    try:
+        added = arlctl("fleet", "add", str(run), engine.url)
+        assert added.returncode == 0, added.stderr
+        done = arlctl(*base)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["trajectories"] == 4
+        served = engine.health()
+    finally:
+        engine.stop()
+    assert served["requests"] >= 4, served  # every turn went to the engine the fleet file named
