@@ -1,13 +1,17 @@
-"""Synthetic trajectories for tests and benchmarks: realistic shape, no model needed.
+"""Synthetic trajectories, envs and policies for tests and benchmarks: realistic shape, no model needed.
 
 Rows look like agentic rollouts: ~20 turns, ~10k tokens, generated spans (mask 1, real-looking
 log-probs) interleaved with observation spans (mask 0, log-prob 0), G samples per group, a mix of
 statuses, and rewards in the ranges real verifiers produce. Everything is drawn from a seeded
 numpy Generator, so the same arguments give the same rows (ids included).
+
+For scale runs of the real agent loop: `LatencyEnv` (a tool with long-tailed latency, done after T turns)
+and `SyntheticPolicy` (a fixed reply after a fixed per-token latency).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pyarrow as pa
 
+from arlctl.envs.base import Action, EnvReset, StepResult
+from arlctl.inference.base import Generation, SamplingParams
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 
 ENVS = ("math", "swe", "code")
@@ -140,3 +146,103 @@ def split_per_turn(row: TrajectoryRow) -> list[TrajectoryRow]:
             num_tool_calls=len(turn.tool_calls),
         ))
     return out
+
+
+# ------------------------------------------------------- a synthetic env and policy for scale runs and tests
+
+
+def tool_latencies(index: int, turns: int, seed: int = 0, mean: float = 0.5, sigma: float = 1.0) -> np.ndarray:
+    """Trajectory `index`'s tool latency per turn in seconds: lognormal with the given mean (long-tailed).
+
+    Drawn from (seed, index) alone, so an env can find its own row and a benchmark the whole matrix (its
+    lower bound) without either holding the other's copy.
+    """
+    mu = float(np.log(mean)) - sigma**2 / 2
+    return np.random.default_rng([seed, index]).lognormal(mu, sigma, size=turns)
+
+
+class LatencyEnv:
+    """An env whose one tool sleeps a long-tailed time and that is done after exactly `turns` steps.
+
+    The task names its trajectory by "index" (its latency row, see tool_latencies). Every observation is
+    the same short text, so the work per turn is the loop's own, not the env's. As a plugin:
+    `--env arlctl.synthetic:LatencyEnv --env-opt turns=4 --env-opt mean=0.5`.
+    """
+
+    name = "latency"
+    version = "1"
+    tool_format = None
+    final_state_truncated = None
+
+    def __init__(self, turns: int = 4, mean: float = 0.5, sigma: float = 1.0, seed: int = 0):
+        self.turns, self.mean, self.sigma, self.seed = int(turns), float(mean), float(sigma), int(seed)
+        self.latencies: list[float] = []
+        self.turn = 0
+
+    async def reset(self, task: dict) -> EnvReset:
+        index = int(task.get("index", 0))
+        self.latencies = tool_latencies(index, self.turns, self.seed, self.mean, self.sigma).tolist()
+        self.turn = 0
+        return EnvReset(messages=[{"role": "system", "content": "You are an agent. Call the tool until done."},
+                                  {"role": "user", "content": f"Job {index}: start working."}], tools=[])
+
+    def parse_action(self, text: str) -> Action:
+        return Action(text=text)  # the tool takes whatever the model wrote: no parsing cost, no parse errors
+
+    async def step(self, action: Action) -> StepResult:
+        await asyncio.sleep(self.latencies[self.turn])
+        self.turn += 1
+        done = self.turn >= self.turns
+        return StepResult(observations=[{"role": "tool", "name": "work", "content": "ok"}], done=done,
+                          final_state="done" if done else None, finish_reason="submit" if done else None)
+
+    async def final_state(self) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def latency_tasks(n: int) -> list[dict]:
+    """n tasks for LatencyEnv, trajectory i replaying latency row i."""
+    return [{"task_id": f"job-{i}", "index": i} for i in range(n)]
+
+
+class SyntheticPolicy:
+    """A Policy that answers every prompt with the same reply after `per_token_s` per token (no model).
+
+    The reply is real text encoded by the real tokenizer and ends with the template's end-of-message token,
+    so the loop splits, decodes and appends it as it would a model's turn; log-probs are a fixed -0.5.
+    """
+
+    max_context = None
+
+    def __init__(self, tokenizer, reply: str = "Working on it: calling the tool now.", per_token_s: float = 0.001,
+                 name: str = "synthetic", reply_ids: list[int] | None = None):
+        from arlctl.inference.scripted import end_of_message_ids
+
+        self.tokenizer, self.name, self.version = tokenizer, name, 0
+        self.reply_ids = reply_ids or (tokenizer(reply, add_special_tokens=False)["input_ids"]
+                                       + end_of_message_ids(tokenizer))
+        self.per_token_s = per_token_s
+        self.requests = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        ids = self.reply_ids[: sampling.max_new_tokens]
+        self.requests += 1
+        await asyncio.sleep(self.per_token_s * len(ids))
+        finish = "length" if len(ids) < len(self.reply_ids) else "stop"
+        return Generation(ids=list(ids), logprobs=[-0.5] * len(ids), finish_reason=finish, version=self.version)
+
+    def metrics(self) -> dict:
+        return {"requests": self.requests}
+
+    async def reload(self, policy_dir: str, version: int) -> None:
+        self.version = version
+
+    async def close(self) -> None:
+        return None

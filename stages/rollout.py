@@ -43,6 +43,13 @@ __all__ = [
 
 GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
 
+# Starting trajectories is paced by the event loop: after every START_BURST starts the driver yields once.
+# A start costs real CPU (reset, prompt rendering, first request); thousands at once would put thousands of
+# first steps into one loop iteration and stall every timer and socket for seconds. Paced, each iteration
+# carries a few starts beside the turns of the trajectories already running, and starting still goes as
+# fast as the CPU allows.
+START_BURST = 8
+
 
 EnvChooser = Callable[[str], Callable[[], Env]]  # env name -> factory (per-row `env`, --env-mix)
 
@@ -76,6 +83,7 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
     async def one(traj: Trajectory) -> TrajectoryRow:
         async with slots:
             stats.in_flight += 1
+            stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
             env: Env | None = None
             try:
                 env = as_env((env_for(env_name) if env_for is not None else env_factory)())
@@ -229,23 +237,37 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
             sink_failures.append(err)
             stop.set()
 
+    idle = asyncio.Event()  # set whenever no group is left to sink: _drain waits on it, not on every group
+    idle.set()
+
+    def sunk(t: asyncio.Task) -> None:
+        sinking.discard(t)
+        if not sinking:
+            idle.set()
+
+    started_this_tick = 0
     epoch = 0
     while task_list and (epochs is None or epoch < epochs) and not stop.is_set():
         stats.epoch = epoch
         for task in task_list:
-            if not await _until_or_stop(group_slots.acquire(), stop, on_stop=group_slots.release):
+            if started_this_tick >= START_BURST:
+                started_this_tick = 0
+                await asyncio.sleep(0)
+            if not await _acquire_or_stop(group_slots, stop):
                 break
             if before_group is not None and not await _until_or_stop(before_group(), stop):
                 group_slots.release()
                 break
             stats.groups_started += 1
+            started_this_tick += cfg.group_size
+            idle.clear()
             t = asyncio.ensure_future(one_group(task, epoch))
             sinking.add(t)
-            t.add_done_callback(sinking.discard)
+            t.add_done_callback(sunk)
         else:
             stats.epochs_done += 1
         epoch += 1
-    await _drain(running, sinking, stop)
+    await _drain(running, sinking, idle, stop)
     if sink_failures:
         raise sink_failures[0]
     return stats
@@ -271,14 +293,28 @@ async def _until_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event,
     return True
 
 
-async def _drain(running: set[asyncio.Task], sinking: set[asyncio.Task], stop: asyncio.Event) -> None:
-    """Wait for the groups in flight; if `stop` fires meanwhile, abort them (their rows still flush)."""
-    while sinking:
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait(set(sinking) | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if stop.is_set():
-            break
+async def _acquire_or_stop(slot: asyncio.Semaphore, stop: asyncio.Event) -> bool:
+    """Take a group slot unless `stop` fires first; a free slot is taken without a trip around the loop."""
+    if stop.is_set():
+        return False
+    if not slot.locked():
+        await slot.acquire()  # returns at once: no task, no wait (the common case while starting up)
+        return True
+    return await _until_or_stop(slot.acquire(), stop, on_stop=slot.release)
+
+
+async def _drain(running: set[asyncio.Task], sinking: set[asyncio.Task], idle: asyncio.Event,
+                 stop: asyncio.Event) -> None:
+    """Wait for the groups in flight; if `stop` fires meanwhile, abort them (their rows still flush).
+
+    Waits on two events (every group sunk, or stop), so a finished group costs O(1) here, not a new wait
+    over every group still in flight.
+    """
+    if not idle.is_set():
+        done_or_stop = [asyncio.ensure_future(idle.wait()), asyncio.ensure_future(stop.wait())]
+        await asyncio.wait(done_or_stop, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in done_or_stop:
+            waiter.cancel()
     # Cancelling a runner delivers CancelledError into run_group's gather, which turns it into
     # GroupAborted with the partial rows; one_group then still hands those rows to the sink.
     for runner in list(running):

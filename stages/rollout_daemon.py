@@ -81,10 +81,20 @@ class Backpressure:
     def __init__(self, run: str, group_size: int, policy: Policy, in_flight: Callable[[], int],
                  max_pending: int | None = None, max_staleness: int | None = None, poll_s: float = 5.0,
                  follower: PolicyFollower | None = None, flush: Callable[[], Awaitable[None]] | None = None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, committed: Callable[[], int] | None = None):
         from arlctl.runstate import ShardCache
 
         self.run, self.group_size, self.policy, self.in_flight = run, group_size, policy, in_flight
+        # Rows this process has committed (its writer's count). With it, a scan of the run younger than
+        # rescan_s is reused for the next group instead of listing the run again per group (thousands of
+        # groups start at once with a large --concurrency): our own commits since the scan are added to it,
+        # and what downstream consumed since can only make it larger than the truth, never smaller.
+        self.committed = committed
+        self.rescan_s = min(poll_s, 1.0)
+        # The staleness bound reads the trainer's version from the same scan: at most rescan_s old, as if the
+        # check had run that much earlier.
+        self._scan: tuple[float, dict, int] | None = None  # (when, backlog state, committed rows then)
+        self._reused = False  # the last check reused a scan
         self.max_pending, self.max_staleness, self.poll_s = max_pending, max_staleness, poll_s
         self.follower, self.flush, self.log = follower, flush, log
         self.cache = ShardCache()
@@ -96,7 +106,9 @@ class Backpressure:
     async def wait(self) -> None:
         reason, since = None, time.monotonic()
         while True:
-            blocked, message, backlog_now, lag = await self._check()
+            blocked, message, backlog_now, lag = await self._check(fresh=False)
+            if blocked is not None and self._reused:
+                blocked, message, backlog_now, lag = await self._check(fresh=True)  # never wait on a reused scan
             now = time.monotonic()
             if reason is not None:
                 self.waited_s[reason] += now - since
@@ -113,12 +125,10 @@ class Backpressure:
             reason = blocked
             await asyncio.sleep(self.poll_s)
 
-    async def _check(self) -> tuple[str | None, str, int, int]:
-        from arlctl.runstate import backlog
-
+    async def _check(self, fresh: bool) -> tuple[str | None, str, int, int]:
         if self.follower is not None:
             await self.follower.maybe_reload()  # a newer LATEST may clear the staleness bound
-        state = await asyncio.to_thread(backlog, self.run, self.cache, self.in_flight())
+        state = await self._backlog(fresh)
         after = state["total"] + self.group_size
         lag = state["trainer_version"] - self.policy.version
         if self.max_pending is not None and after > self.max_pending:
@@ -130,3 +140,21 @@ class Backpressure:
             return ("staleness", f"waiting: trainer version {state['trainer_version']} is {lag} ahead of policy "
                     f"version {self.policy.version} > max-staleness {self.max_staleness} ({how})", after, lag)
         return None, "", after, lag
+
+    async def _backlog(self, fresh: bool) -> dict:
+        """The run's backlog with this process's in-flight rows: a new scan, or a recent one brought up to
+        date with our own commits (see __init__)."""
+        from arlctl.runstate import backlog
+
+        now = time.monotonic()
+        if not fresh and self.committed is not None and self._scan is not None and now - self._scan[0] < self.rescan_s:
+            self._reused = True
+            _, state, committed_then = self._scan
+            grown, in_flight = self.committed() - committed_then, self.in_flight()
+            return {**state, "rollouts": state["rollouts"] + grown, "in_flight": in_flight,
+                    "total": state["total"] - state["in_flight"] + grown + in_flight}
+        self._reused = False
+        committed_then = self.committed() if self.committed is not None else 0  # before: commits during the
+        state = await asyncio.to_thread(backlog, self.run, self.cache, self.in_flight())  # scan count twice
+        self._scan = (now, state, committed_then) if self.committed is not None else None
+        return state

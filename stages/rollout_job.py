@@ -10,7 +10,10 @@ from `stats` and prints the result.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +31,97 @@ from arlctl.stages.rollout import rollout
 from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
 
 USABLE_STATUSES = ("ok", "truncated")  # statuses whose rows can be graded and trained on
+GC_FULL_RARER = 10  # while a rollout runs, a full garbage collection waits for 10x the young collections
+
+
+class LoopProbe:
+    """Watches the rollout process while it runs, in fixed memory: how late a `tick_s` timer fires (event-loop
+    lag: anything that blocks the loop shows here), resident memory at its peak, and CPU time.
+
+    Lags go into a histogram of 1 ms bins, so a daemon that runs for days keeps a few hundred counters.
+    RSS is read from /proc/self/statm every `rss_every` ticks; per in-flight trajectory it is the growth over
+    the RSS at start divided by the most trajectories in flight (Stats.peak_in_flight).
+    """
+
+    def __init__(self, stats: Stats, tick_s: float = 0.01, rss_every: int = 25):
+        self.stats, self.tick_s, self.rss_every = stats, tick_s, rss_every
+        self.lag_ms: dict[int, int] = {}  # lag rounded up to whole ms -> ticks
+        self.lag_max_s = 0.0
+        self.rss_start = self.rss_peak = _rss_bytes()
+        self.cpu_start = time.process_time()
+        self.gc_pause_max_s = self.gc_pause_total_s = 0.0
+        self._gc_started = 0.0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._watch())
+        gc.callbacks.append(self._on_gc)
+
+    async def stop(self) -> dict[str, float]:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.rss_peak = max(self.rss_peak, _rss_bytes())
+        return self.summary()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """Time every garbage collection: a full one walks every live object, so it grows with the heap."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._gc_started
+        self.gc_pause_total_s += pause
+        self.gc_pause_max_s = max(self.gc_pause_max_s, pause)
+
+    async def _watch(self) -> None:
+        ticks = 0
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(self.tick_s)
+            lag = max(0.0, time.perf_counter() - before - self.tick_s)
+            self.lag_max_s = max(self.lag_max_s, lag)
+            bucket = math.ceil(lag * 1000)
+            self.lag_ms[bucket] = self.lag_ms.get(bucket, 0) + 1
+            ticks += 1
+            if ticks % self.rss_every == 0:
+                self.rss_peak = max(self.rss_peak, _rss_bytes())
+
+    def lag_quantile_ms(self, q: float) -> float:
+        total = sum(self.lag_ms.values())
+        if not total:
+            return 0.0
+        seen = 0
+        for bucket in sorted(self.lag_ms):
+            seen += self.lag_ms[bucket]
+            if seen >= q * total:
+                return min(float(bucket), round(1000 * self.lag_max_s, 2))  # a bin's top may pass the max
+        return round(1000 * self.lag_max_s, 2)
+
+    def summary(self) -> dict[str, float]:
+        peak_in_flight = self.stats.peak_in_flight
+        turns = max(self.stats.env_calls, 1)
+        cpu_s = time.process_time() - self.cpu_start
+        return {
+            "loop_lag_p50_ms": self.lag_quantile_ms(0.50), "loop_lag_p99_ms": self.lag_quantile_ms(0.99),
+            "loop_lag_max_ms": round(1000 * self.lag_max_s, 2), "peak_in_flight": peak_in_flight,
+            "peak_rss_mb": round(self.rss_peak / 2**20, 1), "start_rss_mb": round(self.rss_start / 2**20, 1),
+            "rss_per_trajectory_kb": round((self.rss_peak - self.rss_start) / 1024 / max(peak_in_flight, 1), 2),
+            "cpu_s": round(cpu_s, 3), "cpu_per_turn_ms": round(1000 * cpu_s / turns, 4),
+            "gc_pause_max_ms": round(1000 * self.gc_pause_max_s, 2), "gc_pause_total_s": round(self.gc_pause_total_s, 3),
+        }
+
+
+def _rss_bytes() -> int:
+    """Resident set size now (Linux /proc); elsewhere the peak so far, which is what is reported anyway."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def parse_env_options(pairs: list[str], flag: str = "--env-opt") -> dict[str, Any]:
@@ -275,6 +369,18 @@ class RolloutResult:
     out: str = ""
     metrics: str | None = None
     daemon: dict[str, Any] | None = None  # --watch: reloads and backpressure waits
+    # The process while it ran (LoopProbe): event-loop lag, memory per in-flight trajectory, CPU per turn.
+    loop_lag_p50_ms: float = 0.0
+    loop_lag_p99_ms: float = 0.0
+    loop_lag_max_ms: float = 0.0
+    peak_in_flight: int = 0
+    peak_rss_mb: float = 0.0
+    start_rss_mb: float = 0.0
+    rss_per_trajectory_kb: float = 0.0
+    cpu_s: float = 0.0
+    cpu_per_turn_ms: float = 0.0
+    gc_pause_max_ms: float = 0.0
+    gc_pause_total_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -337,6 +443,16 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
 
     follower, gate = _daemon_hooks(job, pol, stats, writer, log)
     started = time.monotonic()
+    probe = LoopProbe(stats)
+    probe.start()
+    # Everything alive now (the model, the tokenizer, every imported module: ~300k objects with transformers)
+    # leaves the collector's view while the rollout runs; a full collection then walks only the rollout's
+    # own objects instead of stalling the loop for the whole heap. A full collection still walks every
+    # in-flight trajectory (tens of ms at thousands), so it is also made 10x rarer; the young generations,
+    # where the loop's short-lived cycles die, are collected as usual. Both undone at the end.
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(thresholds[0], thresholds[1], thresholds[2] * GC_FULL_RARER)
     try:
         await rollout(job.tasks, pol, None, cfg, sink, stats=stats, stop=stop,
                       turn_hook=follower.maybe_reload if follower else None,
@@ -344,6 +460,9 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
                       env_for=job.envs)
         await writer.flush()
     finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        health = await probe.stop()
         backend_metrics = pol.metrics()
         await pol.close()
         await job.envs.aclose()
@@ -359,8 +478,10 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
         template_rewrites_history=stats.template_rewrites_history, seconds=elapsed, interrupted=stop.is_set(),
         backend_metrics=backend_metrics, epochs=stats.epochs_done, policy_version=pol.version,
         last_error=None if last_error is None else parquet_safe(last_error), out=job.out,
-        daemon=_daemon_summary(follower, gate) if job.daemon is not None else None)
-    result.metrics = write_rollout_metrics(result.to_json(), metrics_dir_for(job.out, job.run), job.backend)
+        daemon=_daemon_summary(follower, gate) if job.daemon is not None else None, **health)
+    # One small Parquet write, still off the loop: a daemon's other tasks keep running meanwhile.
+    result.metrics = await asyncio.to_thread(write_rollout_metrics, result.to_json(),
+                                             metrics_dir_for(job.out, job.run), job.backend)
     return result
 
 
@@ -382,7 +503,7 @@ def _daemon_hooks(job: RolloutJob, pol: Policy, stats: Stats, writer: GroupShard
             # per-turn rows outnumber trajectories: never let the estimate go negative
             in_flight=lambda: max(0, stats.groups_started * group_size - writer.rows_written),
             max_pending=daemon.max_pending, max_staleness=daemon.max_staleness, poll_s=daemon.poll,
-            follower=follower, flush=writer.flush, log=log)
+            follower=follower, flush=writer.flush, log=log, committed=lambda: writer.rows_written)
     return follower, gate
 
 
