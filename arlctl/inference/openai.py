@@ -182,6 +182,7 @@ class OpenAIPolicy:
         self._maintenance: asyncio.Task | None = None
         self._next_maintenance = 0.0
         self._next_scrape = 0.0
+        self._describing: dict[str, asyncio.Lock] = {}  # one GET /v1/models per engine, however many first turns
         self.maintenance_error: str | None = None
         self.stats = {"requests": 0, "retries": 0, "failovers": 0, "moves": 0, "generated_tokens": 0,
                       "in_flight": 0}
@@ -215,7 +216,7 @@ class OpenAIPolicy:
             server.first_sent = server.first_sent or time.monotonic()
             try:
                 if not server.described:
-                    await self._describe(server)
+                    await self._describe_once(server)
                 # read before the request: a reload that lands meanwhile applies to later requests
                 version = server.version if server.version is not None else self.version
                 ids, logprobs, reason, reported = await self._request(server, prompt_ids, sampling)
@@ -365,6 +366,14 @@ class OpenAIPolicy:
                 ok = False
         self.fleet.probed(server, ok, time.monotonic())
 
+    async def _describe_once(self, server: Server) -> None:
+        """Describe an engine not yet described; concurrent first turns wait for one request, not one each
+        (a thousand GET /v1/models at once would time out on their own connection pool and eject the engine)."""
+        lock = self._describing.setdefault(server.url, asyncio.Lock())
+        async with lock:
+            if not server.described:
+                await self._describe(server)
+
     async def _describe_quietly(self, server: Server) -> None:
         with contextlib.suppress(TransientError):
             await self._describe(server)
@@ -421,7 +430,9 @@ class OpenAIPolicy:
 
         if self._session is None:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._session = aiohttp.ClientSession(headers=headers,
+            # No connection cap: the trajectories in flight bound the requests, and a cap of aiohttp's default
+            # 100 would queue thousands of turns behind it until their timeouts fire.
+            self._session = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0),
                                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 

@@ -389,3 +389,31 @@ def test_engine_joins_a_running_rollout_and_the_metrics_row(tmp_path, engines):
         assert col + "prefix_cache_hit_rate" not in metrics  # not reported, never 0
     assert {s["prefix_cache_hit_rate"] for s in servers.values()} == {"not reported"}
     assert metrics["backend_fleet_joined"] == 2.0  # a at start, b mid-run
+
+
+def test_many_first_turns_at_once_describe_the_engine_once(engines):
+    """Hundreds of trajectories starting together send one GET /v1/models to a new engine, not one each (each
+    its own request would queue on the connection pool, time out and eject an engine that answers)."""
+    engine = engines()
+    policy = _policy([engine.base])
+    described = []
+    real_describe = policy._describe
+
+    async def counted(server):
+        described.append(server.url)
+        await real_describe(server)
+
+    policy._describe = counted
+
+    async def main():
+        try:
+            ids = policy.tokenizer("hello there", add_special_tokens=False)["input_ids"]
+            return await asyncio.gather(*(policy.generate(ids, SamplingParams(max_new_tokens=2, seed=k))
+                                          for k in range(200)))
+        finally:
+            await policy.close()
+
+    results = asyncio.run(main())
+    assert len(results) == 200 and all(len(g.ids) >= 1 for g in results)
+    assert described == [engine.base]
+    assert policy.stats["failovers"] == 0
