@@ -33,7 +33,8 @@ REWARD_OPTS=${REWARD_OPTS:-fallback=last_number format_weight=0.5}
 BATCH_GROUPS=${BATCH_GROUPS:-8}
 LR=${LR:-2e-6}
 TRAIN_OPTS=${TRAIN_OPTS:-}
-SEED0=${SEED0:-100}                           # training tasks of iteration i use seed SEED0 + i
+SEED0=${SEED0:-100}                           # training tasks of iteration i use seed SEED0 + i * SEED_STEP
+SEED_STEP=${SEED_STEP:-1}                     # 0: the same tasks every iteration (make demo)
 
 env_args=(); for kv in $ENV_OPTS; do env_args+=(--env-opt "$kv"); done
 reward_args=(); for kv in $REWARD_OPTS; do reward_args+=(--reward-opt "$kv"); done
@@ -65,7 +66,7 @@ for ((i = 0; i < ITERS; i++)); do
   tag=$(printf "it%04d" "$i")
   echo "== iteration $i ($tag) policy $(policy_for_rollout)" >&2
   if ! exists "$RUN/recipe/$tag.done"; then
-    summary=$("$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i))&difficulty=$DIFFICULTY${KINDS:+&kinds=$KINDS}" \
+    summary=$("$ROLLOUT_ARLCTL" rollout $ROLLOUT_OPTS --env "$ENV_NAME" --tasks "builtin:$ENV_NAME?n=$TASKS_PER_ITER&seed=$((SEED0 + i * SEED_STEP))&difficulty=$DIFFICULTY${KINDS:+&kinds=$KINDS}" \
       --policy "$(policy_for_rollout)" --run "$RUN" -G "$G" -c "$CONCURRENCY" --max-turns "$MAX_TURNS" \
       --max-new-tokens "$MAX_NEW_TOKENS" --temperature "$TEMPERATURE" --seed "$i" \
       --prefix "$tag" --flush-groups 1000000 --flush-seconds 1e9 "${env_args[@]}" -q --json)

@@ -6,7 +6,8 @@ seed 0 is the same everywhere, and generating 10 tasks or 10,000 gives the same 
 
 Every answer is computed with exact `Fraction` arithmetic and is an integer or a short terminating
 decimal, so "NUMBER" in `<answer>NUMBER</answer>` is always writable. Difficulty 1-2 keep every
-intermediate result a whole number; difficulty 3+ brings decimals, bigger numbers and more steps.
+intermediate result a whole number; difficulty 3+ brings decimals, bigger numbers and more steps. Difficulty 0
+is one operation (+ - *) on one-digit numbers, arithmetic only.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class _Level:
 
 
 _LEVELS = {
+    0: _Level((2, 2), 9, 9, False, "+-*"),  # one operation on one-digit numbers ("What is 7 * 8?"): make demo
     1: _Level((2, 3), 20, 10, False, "+-*"),
     2: _Level((3, 4), 99, 12, False, "+-*/"),
     3: _Level((4, 5), 999, 25, True, "+-*/"),
@@ -289,8 +291,11 @@ def generate_task(
     seed: int, index: int, difficulty: int = 1, kinds: tuple[str, ...] = KINDS
 ) -> dict[str, Any]:
     """Task number `index` of the stream defined by (seed, difficulty, kinds)."""
-    if not 1 <= difficulty <= MAX_DIFFICULTY:
-        raise UsageError(f"math difficulty must be 1..{MAX_DIFFICULTY}, got {difficulty}")
+    if not 0 <= difficulty <= MAX_DIFFICULTY:
+        raise UsageError(f"math difficulty must be 0..{MAX_DIFFICULTY}, got {difficulty}")
+    if difficulty == 0 and "word" in kinds:
+        raise UsageError("math difficulty 0 (one operation on one-digit numbers) has no word problems",
+                         hint="add kinds=arithmetic")
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
         raise UsageError(

@@ -61,7 +61,7 @@ def test_golden_tasks():
     assert discount["answer"] == "41.8"  # 44 * 0.95 = 41.8
 
 
-@pytest.mark.parametrize("difficulty", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("difficulty", [0, 1, 2, 3, 4, 5])
 def test_arithmetic_answers_match_an_independent_evaluation(difficulty):
     tasks = generate_tasks(150, seed=11, difficulty=difficulty, kinds=("arithmetic",))
     for task in tasks:
@@ -93,3 +93,17 @@ def test_bad_options():
         generate_task(0, 0, difficulty=9)
     with pytest.raises(UsageError, match="kind"):
         generate_task(0, 0, kinds=("geometry",))
+
+
+def test_difficulty_zero_is_one_operation_on_one_digit_numbers_and_has_no_word_problems():
+    tasks = generate_tasks(300, seed=3, difficulty=0, kinds=("arithmetic",))
+    ops = set()
+    for task in tasks:
+        a, op, b = expression_of(task["question"]).split()
+        ops.add(op)
+        assert 1 <= int(a) <= 9 and 1 <= int(b) <= 9 and int(task["answer"]) >= 0, task
+    assert ops == {"+", "-", "*"}
+    with pytest.raises(UsageError, match="no word problems"):
+        generate_tasks(1, difficulty=0)
+    with pytest.raises(UsageError, match="0..5"):
+        generate_tasks(1, difficulty=-1, kinds=("arithmetic",))
