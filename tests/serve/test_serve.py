@@ -14,7 +14,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 import torch
-from serve_helpers import Server
+from serve_helpers import Server, assert_token_exact
 
 from arlctl.models import tiny_model_dir
 from arlctl.schemas.trajectory import validate
@@ -55,27 +55,6 @@ def read_rows(record_dir) -> list[dict]:
         validate(table)
         rows.extend(table.to_pylist())
     return rows
-
-
-def assert_token_exact(model, row: dict, tol: float = 1e-3) -> None:
-    """Re-score prompt + response in one unpadded pass; mask-1 log-probs must match (temperature 1).
-
-    The serving batch left-pads and splices KV caches, so float32 sums happen in another order: the
-    differences are ~1e-5; 1e-3 still catches any off-by-one token or wrong-distribution error (those
-    move log-probs by whole nats).
-    """
-    ids = row["prompt_ids"] + row["response_ids"]
-    with torch.inference_mode():
-        logits = model(torch.tensor([ids])).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    start = len(row["prompt_ids"])
-    checked = 0
-    for i, (token, mask, recorded) in enumerate(zip(row["response_ids"], row["response_mask"],
-                                                   row["response_logprobs"], strict=True)):
-        if mask:
-            assert recorded == pytest.approx(float(logprobs[start + i - 1, token]), abs=tol)
-            checked += 1
-    assert checked == row["generated_tokens"] > 0
 
 
 def test_multi_turn_tool_use_records_one_exact_trajectory(server, tmp_path, reference_model):
