@@ -25,6 +25,8 @@ export DIFFICULTY=0 KINDS=arithmetic SEED_STEP=${SEED_STEP:-0}  # the same 8 tra
 export MAX_TURNS=1 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32} TEMPERATURE=${TEMPERATURE:-0.8}
 export ENV_OPTS="on_no_action=end tools=none" REWARD_OPTS="fallback=last_number"
 export BATCH_GROUPS=${BATCH_GROUPS:-8} LR=${LR:-1e-5}
+# A SmolLM2 checkpoint with its optimizer state is ~2 GB: keep only the newest (train and sync run in turn here).
+export TRAIN_OPTS=${TRAIN_OPTS:---keep-checkpoints 1}
 HELDOUT=${HELDOUT:-64}
 start=$(date +%s)
 
