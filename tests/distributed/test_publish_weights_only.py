@@ -28,6 +28,9 @@ def test_weights_only_versions_are_published_reloaded_and_audit_clean(tmp_path):
     recipe["stages"]["train"]["args"].update({"publish-every": 1, "save-every": 5})
     # Rollout may run at most 2 groups ahead of training: it waits for, and reloads, the published versions.
     recipe["stages"]["rollout"]["args"]["max-pending"] = 8
+    # Every group trains (the filter's seeded drop of uniform groups is not under test here): nine committed
+    # rollout shards make nine batches, so the step count below does not hang on which groups were uniform.
+    recipe["stages"]["filter"]["args"]["keep-uniform"] = 1.0
     sup = Supervisor(parse_recipe(recipe, source="test"), log=print)
     # No kills: Chaos only stops rollout (SIGTERM) once it committed its shards, so the run drains.
     stopper = Chaos(seed=0, kill_every=1e9)
