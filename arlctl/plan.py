@@ -11,12 +11,15 @@ The pools (DESIGN.md §1: rollout = inference + environments, reward, training) 
   inference              an engine generating C tok/s finishes C / G trajectories/s (G = generated tokens
                          per trajectory); keeping it busy needs in-flight = (C / G) x wall_s (Little's law)
   environment            in-flight ~= 1.3 x sandboxes (the rollout-scale seed), so sandboxes = in-flight / 1.3
-                         and a trajectory holds wall_s / 1.3 sandbox-seconds
+                         and a trajectory holds wall_s / 1.3 sandbox-seconds; one of an env that holds no
+                         sandbox (math: envs/registry.uses_sandbox) holds none, and where no env of the run
+                         holds one every sandbox line prints "none"
   reward                 reward_s worker-seconds per trajectory (reward invocation seconds / rows)
   trainer                train_step_s device-seconds per step (measured on the device count that ran it)
 
 At a target of X steps/hour: T = X x B / 3600 trajectories/s, inference GPUs = ceil(T x G / C),
-sandboxes = ceil(T x wall_s / 1.3), reward workers = ceil(T x reward_s), trainer GPUs = ceil(X x step_s / 3600).
+sandboxes = ceil(T x sandbox_wall_s / 1.3) (sandbox_wall_s = wall_s where every env holds one),
+reward workers = ceil(T x reward_s), trainer GPUs = ceil(X x step_s / 3600).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 INFLIGHT_PER_SANDBOX = 1.3  # rollout-scale seed: trajectories in flight per sandbox (others are generating)
-TRAJECTORY_COLUMNS = ["prompt_tokens", "response_tokens", "generated_tokens", "num_turns", "wall_time_s",
-                      "gen_time_s", "env_time_s", "turns"]
+TRAJECTORY_COLUMNS = ["env", "prompt_tokens", "response_tokens", "generated_tokens", "num_turns",
+                      "wall_time_s", "gen_time_s", "env_time_s", "turns"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,14 @@ class Rates:
     reward_rows_s: float | None = None  # rows/s one reward invocation achieved, as run
     sources: dict[str, str] = field(default_factory=dict)  # rate -> where it came from
     not_recorded: list[str] = field(default_factory=list)
+    # Wall seconds per trajectory spent in envs that hold a sandbox (a math trajectory counts 0), and
+    # those envs; None: not known, so every trajectory is taken to hold one (sandbox_wall_s = wall_s).
+    sandbox_wall_s: float | None = None
+    sandbox_envs: tuple[str, ...] | None = None
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return self.sandbox_envs is None or bool(self.sandbox_envs)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class Ledger:
     rates: dict[str, float | None]
     sources: dict[str, str]
     not_recorded: list[str]
+    uses_sandbox: bool  # False: no measured env holds a sandbox; the sandbox figures are 0 and print "none"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +92,7 @@ def ledger(rates: Rates, target_steps_per_hour: float | None = None, prices: Pri
            inflight_per_sandbox: float = INFLIGHT_PER_SANDBOX) -> Ledger:
     """The ledger of `rates`: per step, as run, the seed's balance, the target's pools and the cost."""
     r, b = rates, rates.rows_per_step
-    sandbox_s = r.wall_s / inflight_per_sandbox
+    sandbox_s = _sandbox_wall(r) / inflight_per_sandbox
     per_trajectory = {"generated_tokens": r.generated_tokens, "prefill_tokens": r.prefill_tokens,
                       "prefill_tokens_cached": r.prefill_tokens_cached, "turns": r.turns, "wall_s": r.wall_s,
                       "gen_s": r.gen_s, "env_s": r.env_s, "sandbox_s": sandbox_s, "reward_s": r.reward_s,
@@ -88,7 +100,7 @@ def ledger(rates: Rates, target_steps_per_hour: float | None = None, prices: Pri
     per_step = {
         "trajectories": b,
         "inference_gpu_s": _mul(b, _div(r.generated_tokens, r.engine_tok_s)),
-        "sandbox_s": _mul(b, sandbox_s),
+        "sandbox_s": _mul(b, sandbox_s) if r.uses_sandbox else 0.0,
         "env_s": _mul(b, r.env_s),
         "reward_s": _mul(b, r.reward_s),
         "trainer_gpu_s": r.train_step_s,
@@ -97,7 +109,12 @@ def ledger(rates: Rates, target_steps_per_hour: float | None = None, prices: Pri
                   balance=_balance(r, inflight_per_sandbox),
                   target=_target(r, target_steps_per_hour, inflight_per_sandbox, prices),
                   cost=_cost(r, per_step, prices), rates=_rates(r), sources=dict(r.sources),
-                  not_recorded=list(r.not_recorded))
+                  not_recorded=list(r.not_recorded), uses_sandbox=r.uses_sandbox)
+
+
+def _sandbox_wall(r: Rates) -> float:
+    """Wall seconds per trajectory that hold a sandbox."""
+    return r.wall_s if r.sandbox_wall_s is None else r.sandbox_wall_s
 
 
 def _as_run(r: Rates) -> dict[str, Any]:
@@ -118,8 +135,9 @@ def _balance(r: Rates, inflight_per_sandbox: float) -> dict[str, float | None]:
     """What one busy inference GPU needs around it (the seed's balance)."""
     traj_s = _div(r.engine_tok_s, r.generated_tokens)  # trajectories/s one engine finishes
     in_flight = _mul(traj_s, r.wall_s)
+    sandboxes = _div(_mul(traj_s, _sandbox_wall(r)), inflight_per_sandbox) if r.uses_sandbox else 0.0
     return {"trajectories_per_s_per_gpu": traj_s, "in_flight_per_gpu": in_flight,
-            "sandboxes_per_gpu": _div(in_flight, inflight_per_sandbox),
+            "sandboxes_per_gpu": sandboxes,
             "env_cores_per_gpu": _mul(traj_s, r.env_s), "reward_workers_per_gpu": _mul(traj_s, r.reward_s)}
 
 
@@ -129,9 +147,10 @@ def _target(r: Rates, steps_per_hour: float | None, inflight_per_sandbox: float,
         return None
     traj_s = _mul(steps_per_hour / 3600.0, r.rows_per_step)
     in_flight = _mul(traj_s, r.wall_s)
+    sandboxes = _ceil(_div(_mul(traj_s, _sandbox_wall(r)), inflight_per_sandbox)) if r.uses_sandbox else 0
     pools = {
         "steps_per_hour": steps_per_hour, "trajectories_per_s": traj_s, "in_flight": in_flight,
-        "sandboxes": _ceil(_div(in_flight, inflight_per_sandbox)),
+        "sandboxes": sandboxes,
         "inference_gpus": _ceil(_div(_mul(traj_s, r.generated_tokens), r.engine_tok_s)),
         "trainer_gpus": _ceil(_mul(steps_per_hour / 3600.0, r.train_step_s)),
         "reward_workers": _ceil(_mul(traj_s, r.reward_s)),
@@ -196,9 +215,7 @@ def calibrate(run: str, last: int = 20) -> Rates:
         sources["reward_s"] = "reward invocation wall seconds / rows (reward metrics)"
     if train:
         sources["train"] = f"the newest {len(train)} train metrics rows (rows, step_time_s, tokens)"
-    notes.append("sandbox-seconds: no stage records how long a trajectory holds a sandbox; the ledger uses "
-                 f"wall_s / {INFLIGHT_PER_SANDBOX} (the seed: in-flight ~= {INFLIGHT_PER_SANDBOX} x sandboxes), "
-                 "which applies to envs that hold one (swe); envs without a sandbox (math) need none")
+    sandbox_envs, sandbox_wall_s = _sandbox_use(rows, sources, notes)
     if train:
         notes.append("trainer devices: train metrics rows do not record the world size; step time is taken as "
                      "one device's")
@@ -211,7 +228,31 @@ def calibrate(run: str, last: int = 20) -> Rates:
         rows_per_step=_mean(v["rows"] for v in train if "rows" in v) if train else None,
         train_step_s=_mean(v["step_time_s"] for v in train if "step_time_s" in v) if train else None,
         engine_tok_s=engine_tok_s, rollout_traj_s=_ratio(rollout, "trajectories", "seconds"),
-        reward_rows_s=_ratio(reward, "rows", "seconds"), sources=sources, not_recorded=notes)
+        reward_rows_s=_ratio(reward, "rows", "seconds"), sources=sources, not_recorded=notes,
+        sandbox_wall_s=sandbox_wall_s, sandbox_envs=sandbox_envs)
+
+
+def _sandbox_use(rows: list[dict[str, Any]], sources: dict[str, str],
+                 notes: list[str]) -> tuple[tuple[str, ...], float]:
+    """The envs of `rows` that hold a sandbox, and the wall seconds per trajectory spent in them."""
+    from arlctl.envs.registry import uses_sandbox
+
+    holds = {env: uses_sandbox(env) for env in sorted({str(r["env"]) for r in rows})}
+    for env, known in holds.items():
+        if known is None:
+            notes.append(f"env {env} is not built in: whether it holds a sandbox is unknown; taken as holding "
+                         "one")
+    sandboxed = tuple(env for env, known in holds.items() if known is not False)
+    if not sandboxed:
+        sources["sandboxes"] = (f"env {next(iter(holds))} holds no sandbox" if len(holds) == 1
+                                else f"envs {', '.join(holds)} hold no sandbox")
+        return (), 0.0
+    notes.append("sandbox-seconds: no stage records how long a trajectory holds a sandbox; the ledger uses "
+                 f"wall_s / {INFLIGHT_PER_SANDBOX} (the seed: in-flight ~= {INFLIGHT_PER_SANDBOX} x sandboxes) "
+                 f"for the trajectories of {', '.join(sandboxed)}" + (
+                     f"; those of {', '.join(e for e in holds if e not in sandboxed)} hold none"
+                     if len(sandboxed) < len(holds) else ""))
+    return sandboxed, _mean(r["wall_time_s"] if str(r["env"]) in sandboxed else 0.0 for r in rows)
 
 
 def _trajectory_rows(layout: Any, last: int) -> tuple[list[dict[str, Any]], list[str]]:
@@ -279,6 +320,11 @@ def render(led: Ledger, run: str) -> Any:
     table.add_column("value", justify="right")
     table.add_column("unit / note", style="dim")
     t = led.per_trajectory
+
+    def sandbox(name: str, value: Any, note: str) -> tuple[str, Any, str]:
+        """A sandbox line: "none" where no env of the run holds a sandbox (math), not 0 of a derived figure."""
+        return (name, value, note) if led.uses_sandbox else (name, "none", led.sources.get("sandboxes", ""))
+
     sections: list[tuple[str, list[tuple[str, Any, str]]]] = [
         ("per trajectory", [
             ("generated tokens", t["generated_tokens"], "mask-1 tokens"),
@@ -286,13 +332,13 @@ def render(led: Ledger, run: str) -> Any:
             ("prefill tokens, cached", t["prefill_tokens_cached"], "perfect prefix cache: prompt + env tokens"),
             ("turns", t["turns"], ""), ("wall", t["wall_s"], "s"), ("waiting on the policy", t["gen_s"], "s"),
             ("environment", t["env_s"], "s (env.step)"),
-            ("sandbox", t["sandbox_s"], f"s, derived: wall / {INFLIGHT_PER_SANDBOX} (not recorded)"),
+            sandbox("sandbox", t["sandbox_s"], f"s, derived: wall / {INFLIGHT_PER_SANDBOX} (not recorded)"),
             ("reward", t["reward_s"], "worker-s"), ("train tokens", t["train_tokens"], "trained (mask-1) tokens"),
         ]),
         ("per optimizer step", [
             ("trajectories", led.per_step["trajectories"], "rows per batch shard"),
             ("inference", led.per_step["inference_gpu_s"], "GPU-s"),
-            ("sandboxes", led.per_step["sandbox_s"], "sandbox-s"), ("environment", led.per_step["env_s"], "s"),
+            sandbox("sandboxes", led.per_step["sandbox_s"], "sandbox-s"), ("environment", led.per_step["env_s"], "s"),
             ("reward", led.per_step["reward_s"], "worker-s"), ("trainer", led.per_step["trainer_gpu_s"], "GPU-s"),
         ]),
         ("as run (steps/hour)", [
@@ -303,7 +349,7 @@ def render(led: Ledger, run: str) -> Any:
             ("trajectories/s", led.balance["trajectories_per_s_per_gpu"],
              f"at {_num(led.rates['engine_tok_s'])} tok/s: {led.sources.get('engine_tok_s', 'not recorded')}"),
             ("in flight", led.balance["in_flight_per_gpu"], "trajectories"),
-            ("sandboxes", led.balance["sandboxes_per_gpu"], f"in flight / {INFLIGHT_PER_SANDBOX}"),
+            sandbox("sandboxes", led.balance["sandboxes_per_gpu"], f"in flight / {INFLIGHT_PER_SANDBOX}"),
             ("environment cores", led.balance["env_cores_per_gpu"], ""),
             ("reward workers", led.balance["reward_workers_per_gpu"], ""),
         ]),
@@ -312,7 +358,7 @@ def render(led: Ledger, run: str) -> Any:
         g = led.target
         sections.append((f"target {_num(g['steps_per_hour'])} steps/hour", [
             ("trajectories/s", g["trajectories_per_s"], ""), ("in flight", g["in_flight"], "trajectories"),
-            ("sandboxes", g["sandboxes"], ""), ("inference GPUs", g["inference_gpus"], ""),
+            sandbox("sandboxes", g["sandboxes"], ""), ("inference GPUs", g["inference_gpus"], ""),
             ("trainer GPUs", g["trainer_gpus"], ""), ("reward workers", g["reward_workers"], ""),
             ("environment cores", g["env_cores"], ""), ("$ per hour", g["cost_per_hour"], "whole units"),
             ("$ per step", g["cost_per_step"], ""), ("$ per 1k trajectories", g["cost_per_1k_trajectories"], ""),

@@ -7,19 +7,20 @@ Reads RUN/eval/{before-sft,after-sft,after-rl}/rewarded (greedy, one sample per 
 (oracle rollouts and the SFT steps' metrics), RUN/rewarded and RUN/metrics (GRPO iterations) and
 RUN/commands.log, and writes OUT/agentic_tool.{json,md,png}; OUT/agentic_tool.notes.md, when present, is
 the written reading of the run, placed after the title. Paired tests are exact two-sided McNemar over
-the tasks solved by exactly one of two evals (recipes/learning_report.py `mcnemar`), for the correct rate
-and for the tool-call rate.
+the tasks solved by exactly one of two evals (`arlctl eval`'s test, stages/eval.py `mcnemar_p`), for the
+correct rate and for the tool-call rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import duckdb
 from learning_report import ITERATION_SQL, mcnemar, rows, stderr, train_steps
+
+from arlctl.stages.eval import mcnemar_p
 
 EVALS = ("before-sft", "after-sft", "after-rl")  # and any other RUN/eval/NAME, listed between them by time
 EVAL_SQL = """
@@ -44,12 +45,11 @@ def _glob(directory: Path) -> str:
 
 
 def exact_mcnemar(pairs: list[tuple[str, float, float]]) -> dict:
+    """The tool-call rate's paired test: `arlctl eval`'s exact McNemar p over tasks called in one eval only."""
     only_before = sum(1 for _, b, a in pairs if b >= 1 and a < 1)
     only_after = sum(1 for _, b, a in pairs if a >= 1 and b < 1)
-    n, k = only_before + only_after, min(only_before, only_after)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
     return {"tasks": len(pairs), "both": sum(1 for _, b, a in pairs if a >= 1 and b >= 1),
-            "only_before": only_before, "only_after": only_after, "p_value": p}
+            "only_before": only_before, "only_after": only_after, "p_value": mcnemar_p(only_before, only_after)}
 
 
 def tool_mcnemar(before: Path, after: Path) -> dict:

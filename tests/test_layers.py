@@ -1,5 +1,7 @@
 """The package layers (docs: cli -> stages -> envs -> inference -> tools -> sandbox / io -> schemas): no
-module imports from a package above its own, so no two packages import each other.
+module imports from a package above its own, so no two packages import each other. `arlctl report` is a
+peer of the stages (cli runs it; it reads run files through io and draws trajectories with arlctl/render.py,
+which `arlctl show` shares); render and errors import no other layer and sit at the bottom.
 
 Read from the source with `ast` (every import, including the ones inside functions), so the test needs
 nothing imported and fails on the first arrow that points up.
@@ -12,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Higher imports lower. Packages of one rank (stages/serve, sandbox/io) do not import each other either.
-RANK = {"cli": 7, "stages": 6, "serve": 6, "envs": 5, "inference": 4, "tools": 3, "sandbox": 2, "io": 2,
-        "schemas": 1}
+RANK = {"cli": 7, "stages": 6, "serve": 6, "report": 6, "envs": 5, "inference": 4, "tools": 3, "sandbox": 2,
+        "io": 2, "schemas": 1, "render": 1, "errors": 0}
 # Re-export shims kept for one change while their importers move (issue 14); delete the entry with the shim.
 SHIMS: set[str] = set()  # modules allowed to re-export from another layer (none today)
 
@@ -72,4 +74,14 @@ def test_the_check_flags_an_upward_import_and_sees_the_real_ones(tmp_path):
     assert _against_layers(_arrows(tmp_path)) == ["sandbox -> inference: arlctl/sandbox/y.py:2 arlctl.inference.hf",
                                                   "tools -> envs: arlctl/tools/x.py:1 arlctl.envs.base"]
     # ...and see the downward arrows the real tree has.
-    assert {("envs", "tools"), ("envs", "sandbox"), ("cli", "stages")} <= {(a, b) for a, b, _ in _arrows()}
+    assert {("envs", "tools"), ("envs", "sandbox"), ("cli", "stages"), ("cli", "report"), ("report", "render"),
+            ("cli", "render"), ("report", "io")} <= {(a, b) for a, b, _ in _arrows()}
+
+
+def test_report_importing_the_cli_again_would_be_flagged(tmp_path):
+    # The cycle this layering ended: report/samples.py drew trajectories with cli/show.py's renderer.
+    (tmp_path / "arlctl" / "report").mkdir(parents=True)
+    (tmp_path / "arlctl" / "report" / "samples.py").write_text("from arlctl.cli.show import render\n")
+    (tmp_path / "arlctl" / "render.py").write_text("from arlctl.report.samples import render_html\n")
+    assert _against_layers(_arrows(tmp_path)) == ["render -> report: arlctl/render.py:1 arlctl.report.samples",
+                                                  "report -> cli: arlctl/report/samples.py:1 arlctl.cli.show"]

@@ -1,8 +1,7 @@
-"""Helpers shared by every CLI module: consoles, error handling, JSON output, terminal-safe text.
+"""Helpers shared by every CLI module: consoles, error handling, JSON output.
 
-Text from trajectories, task files and error messages is data, not terminal input: before it is
-printed it goes through `terminal_safe` (control characters spelled out) and is handed to Rich as
-`Text`, never parsed as markup.
+Text from trajectories, task files and error messages is data, not terminal input: it is printed
+through arlctl/render.py's `plain` / `terminal_safe` (control characters spelled out, never markup).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import asyncio
 import functools
 import json
 import os
-import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,33 +20,12 @@ from rich.console import Console
 from rich.text import Text
 
 from arlctl.errors import ArlctlError
+from arlctl.render import plain
 
 # Human output goes to stderr so that stdout stays clean for --json / --csv (DESIGN.md §12).
 console = Console(stderr=True, highlight=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-# C0 controls except \n and \t (ESC starts every CSI/OSC sequence, \r overwrites a line), DEL, the C1
-# controls (0x9b is a one-byte CSI, 0x9d a one-byte OSC) and the bidi overrides that reorder what the
-# reader sees (Trojan Source).
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def terminal_safe(text: str) -> str:
-    """`text` with every control character spelled out (ESC -> "\\x1b"), so a terminal shows it
-    instead of obeying it. Newlines and tabs stay; everything else is unchanged."""
-    return _UNSAFE.sub(_spell, text)
-
-
-def _spell(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def plain(text: Any, style: str = "") -> Text:
-    """Data as a Rich Text: terminal-safe and never parsed as markup."""
-    return Text(terminal_safe(str(text)), style=style)
 
 
 def debug_enabled() -> bool:

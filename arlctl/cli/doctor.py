@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 from rich.text import Text
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.doctor import DEFAULT_MIN_FREE_GB
+from arlctl.render import plain
 
 HELP = """Check this host before a run: bwrap starts a sandbox, the sandbox interpreter (the host's python3 the SWE grader runs inside bwrap) imports pytest, cgroup limits work, the default model is converted, and the run directory has free disk. With --sandbox docker: the engine answers and the base image is there; with --backend vllm: vLLM imports. Checks not asked for are shown as skipped. Each failed check prints the command that fixes it. Exit 0 when every required check passes, 1 otherwise (warnings, such as no cgroup or a model not converted yet, do not fail).
 

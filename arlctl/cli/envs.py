@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.render import plain
 
 HELP = """List environments and reward functions: built in (with their module), installed plugins (Python entry points in the groups arlctl.envs / arlctl.rewards, with distribution and version) and their notes. Plugins are listed, not loaded. Any `package.module:attribute` spec works too without being listed.
 

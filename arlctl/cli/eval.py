@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import (
     DryRunOpt,
     JsonOpt,
@@ -20,6 +20,7 @@ from arlctl.cli.options import (
     config_command,
 )
 from arlctl.errors import TerminalError, UsageError
+from arlctl.render import plain
 from arlctl.stages.eval import EvalConfig
 
 HELP = """Evaluate a policy on held-out tasks with the eval's own sampling: greedy (one answer per task at temperature 0, the default) and/or --samples K at --temperature for pass@k. The rows are rolled out and rewarded by the rollout and reward stages' own code and written as ordinary rewarded shards to RUN/evals/NAME/vNNNNNN/ (NNNNNN = the policy version), with summary.json last. Filter and train never read RUN/evals.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import DryRunOpt, JsonOpt, config_command
+from arlctl.render import plain
 from arlctl.trackers import ExportConfig
 
 HELP = """Send every numeric metric of a run to experiment trackers: train rows (RUN/metrics/train-step-*.parquet) at their step, rollout and reward rows (one per invocation) at their invocation number, eval summaries (RUN/evals/NAME/vNNNNNN/summary.json) at their policy version. Tags are STREAM/METRIC (train/loss, rollout/generated_tokens_per_s, eval/gsm8k/accuracy).

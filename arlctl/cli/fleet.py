@@ -8,8 +8,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import DryRunOpt, JsonOpt, LockWaitOpt
+from arlctl.render import plain
 
 HELP = """The inference engines of a run, in RUN/fleet.json. A rollout with `--backend openai --backend-opt servers_file=RUN/fleet.json` re-reads the file while it runs: engines added join (they take first turns of new trajectories once GET /health answers), engines removed drain (no new trajectories; the ones they serve finish there, or move with their full token prefix if the engine goes away).
 

@@ -7,9 +7,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.query import gather_shards
 from arlctl.io.duck import VIEW, connect
+from arlctl.render import plain
 from arlctl.stats import inspect_stats
 
 HELP = """Summarise shards: rows, groups, statuses, rewards, advantages, policy versions and lag, token statistics, the generation/environment time split, broken down per env, and per dataset for tasks that name one (reasoning-gym).

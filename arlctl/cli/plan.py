@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import JsonOpt
+from arlctl.render import plain
 
 HELP = """Turn what a run measured into a capacity and cost ledger: per trajectory the generated and prefill tokens, turns, wall, policy, environment, sandbox and reward seconds and trained tokens; per optimizer step what each pool (inference GPUs, sandboxes, reward workers, trainer GPUs) must supply; the steps/hour each pool sustained as run and the bottleneck; the balance one inference GPU needs (trajectories in flight, sandboxes at in-flight ~= 1.3 x sandboxes); and, with --target-steps-per-hour, the pools and the dollars to reach it.
 

@@ -10,10 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import TerminalError
 from arlctl.io.duck import connect
 from arlctl.io.shards import scan
+from arlctl.render import plain
 
 HELP = """Run SQL over shards; the rows are visible as the view `trajectories`.
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import run_stage
 from arlctl.cli.options import (
     DryRunOpt,
@@ -25,6 +25,7 @@ from arlctl.cli.options import (
 from arlctl.cli.rollout import parse_env_options
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io.layout import metrics_dir_for, resolve_io
+from arlctl.render import plain
 from arlctl.stages.configs import RewardConfig
 
 MAX_ROW_ERRORS_SHOWN = 10  # rows named on stderr per round; --json carries them all

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from arlctl.cli.common import console, handle_errors, plain, print_json, terminal_safe
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import (
     DryRunOpt,
     JsonOpt,
@@ -24,6 +24,7 @@ from arlctl.cli.options import (
 )
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io.layout import resolve_io
+from arlctl.render import plain, terminal_safe
 from arlctl.stages.agent_loop import RolloutConfig
 from arlctl.stages.rollout_job import EnvPicker, parse_env_options  # noqa: F401  (cli/reward imports it from here)
 

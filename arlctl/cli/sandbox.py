@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from arlctl.cli.common import console, handle_errors, plain, print_json
+from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import UsageError
+from arlctl.render import plain
 
 HELP = """Sandbox engines: check them before a run.
 

@@ -71,6 +71,10 @@ PROVIDERS = {"swe": "arlctl.envs.swe", "first-token": "arlctl.envs.toy", "two-fi
              "reasoning-gym": "arlctl.envs.reasoning_gym", "code": "arlctl.envs.code"}
 # Rewards with no env of their name (model-based rewards): name -> module that registers it.
 REWARD_PROVIDERS = {"judge": "arlctl.rewards.judge", "genrm": "arlctl.rewards.genrm", "format": "arlctl.rewards.format"}
+# Built-in envs whose trajectories hold a sandbox while they run (swe: one container each; code: a bwrap
+# sandbox from a shared pool per python-tool call): what `arlctl plan` sizes sandbox pools for. The other
+# built-ins (math, the toys, reasoning-gym, textarena) hold none.
+SANDBOXED_ENVS = frozenset({"swe", "code"})
 # Families of envs named `FAMILY:MEMBER`: family -> module whose import calls register_family.
 FAMILIES = {"textarena": "arlctl.envs.textarena"}
 # family -> function(member) that registers the env (and its reward) named "FAMILY:MEMBER", or raises UsageError
@@ -121,6 +125,16 @@ def import_provider(name: str, table: dict[str, Any], what: str) -> None:
             importlib.import_module(module)
         except ImportError as exc:
             raise UsageError(f"{what} {name!r} is not available: {exc}") from None
+
+
+def uses_sandbox(name: str) -> bool | None:
+    """Whether trajectories of env `name` hold a sandbox: True or False for a built-in (or a family member),
+    None for a plugin or an unknown name (its code is not loaded to find out)."""
+    if name in SANDBOXED_ENVS:
+        return True
+    if name in builtin_names("env") or family_of(name) is not None:
+        return False
+    return None
 
 
 def is_spec(name: str) -> bool:

@@ -1,4 +1,4 @@
-"""Sample trajectories on the page, rendered by `arlctl show`'s own renderer (cli/show.py `render`).
+"""Sample trajectories on the page, rendered by `arlctl show`'s own renderer (arlctl/render.py `render`).
 
 The row is printed to a recording Rich console and exported as HTML with inline styles. Every value from
 the row goes through `plain` (control characters spelled out, never markup), and Rich's HTML export escapes
@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.terminal_theme import DEFAULT_TERMINAL_THEME
 
-from arlctl.cli.show import render
+from arlctl.render import render
 
 WIDTH = 110  # characters per line of a rendered trajectory
 MAX_TEXT = 4000  # characters of one text field (prompt, final state, reward info) shown on the page

@@ -1,7 +1,7 @@
 """`arlctl plan`: the ledger of a fixture run whose every number is known, checked against hand arithmetic.
 
-The fixture: two trajectories in RUN/rollouts, one rollout, one reward and two train metrics rows, written
-with the stages' own writers.
+The fixture: two swe trajectories (each holds a sandbox) in RUN/rollouts, one rollout, one reward and two
+train metrics rows, written with the stages' own writers.
 
   row A: prompt 10; turn 0 generates 4 then 6 env tokens, turn 1 (gen_start 10) generates 2;
          wall 5.0 s, policy 2.0 s, env 3.0 s
@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from arlctl.cli.main import app
 from arlctl.cli.reward import write_reward_metrics
 from arlctl.io.shards import Lineage, write_shard
-from arlctl.plan import Prices, calibrate, ledger
+from arlctl.plan import Prices, Rates, calibrate, ledger
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 from arlctl.stages.rollout_job import write_rollout_metrics
 from arlctl.stages.train import _write_metrics
@@ -28,14 +28,15 @@ from arlctl.stages.train import _write_metrics
 runner = CliRunner()
 
 
-def row(prompt: int, turns: list[tuple[int, int]], wall: float, gen: float, env: float) -> TrajectoryRow:
+def row(prompt: int, turns: list[tuple[int, int]], wall: float, gen: float, env: float,
+        env_name: str = "swe") -> TrajectoryRow:
     """turns: (generated, environment) tokens per turn."""
     ids, mask, made = [], [], []
     for i, (g, o) in enumerate(turns):
         made.append(Turn(index=i, gen_start=len(ids), gen_len=g, obs_len=o, text="t"))
         ids += [1] * (g + o)
         mask += [1] * g + [0] * o
-    return TrajectoryRow(group_id="g", sample_index=0, task_id="t", env="math", env_version="1", task={},
+    return TrajectoryRow(group_id="g", sample_index=0, task_id="t", env=env_name, env_version="1", task={},
                          policy="p", prompt_text="q", prompt_ids=[1] * prompt, response_ids=ids, response_mask=mask,
                          response_logprobs=[-0.5 if m else 0.0 for m in mask], turns=made, wall_time_s=wall,
                          gen_time_s=gen, env_time_s=env)
@@ -108,7 +109,7 @@ def test_json_shape_and_table(run):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert set(data) == {"run", "per_trajectory", "per_step", "as_run", "balance", "target", "cost", "rates",
-                         "sources", "not_recorded"}
+                         "sources", "not_recorded", "uses_sandbox"}
     assert data["target"]["inference_gpus"] == 1 and data["target"]["sandboxes"] == 7
     assert math.isclose(data["cost"]["per_step"], 2.5 * 2.0 / 3600 + (2 * 4.0 / 1.3 + 1.0) * 0.1 / 3600)
     # A rate given on the command line replaces the measured one: 4x the engine, a quarter of the GPU-seconds.
@@ -139,3 +140,46 @@ def test_an_empty_run_is_a_clear_error(tmp_path):
     assert result.exit_code == 2
     assert "no trajectories to calibrate from" in result.output
     assert runner.invoke(app, ["plan", str(tmp_path / "missing")]).exit_code == 2
+
+
+def _sandbox_lines(output: str) -> list[str]:
+    """The table's sandbox rows ("  sandbox" / "  sandboxes" in the quantity column)."""
+    return [line for line in output.splitlines() if line.count("│") == 4
+            and line.split("│")[1].strip() in ("sandbox", "sandboxes")]
+
+
+def test_a_run_of_a_sandbox_free_env_prints_none_on_its_sandbox_lines(tmp_path, run):
+    # swe (the fixture) holds a sandbox: every sandbox line has a figure (the arithmetic is checked above).
+    table = runner.invoke(app, ["plan", str(run), "--target-steps-per-hour", "3600"])
+    assert table.exit_code == 0, table.output
+    lines = _sandbox_lines(table.output)
+    assert len(lines) == 4 and not any("none" in line for line in lines), lines  # trajectory, step, GPU, target
+    swe = json.loads(runner.invoke(app, ["plan", str(run), "--json"]).stdout)
+    assert swe["uses_sandbox"] is True and swe["per_trajectory"]["sandbox_s"] == pytest.approx(4.0 / 1.3)
+
+    # The same two trajectories from math, which holds no sandbox: "none" on the same four lines, 0 sandboxes.
+    bare = tmp_path / "math"
+    rows = [row(10, [(4, 6), (2, 0)], wall=5.0, gen=2.0, env=3.0, env_name="math"),
+            row(20, [(10, 0)], wall=3.0, gen=2.5, env=0.5, env_name="math")]
+    write_shard(rows_to_table(rows), str(bare / "rollouts" / "part-1.parquet"), Lineage(stage="rollout"))
+    args = ["plan", str(bare), "--target-steps-per-hour", "3600", "--rows-per-step", "2"]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    lines = _sandbox_lines(table.output)
+    assert len(lines) == 4 and all("none" in line for line in lines), lines
+    assert "env math holds no sandbox" in table.output
+    data = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert data["uses_sandbox"] is False and data["sources"]["sandboxes"] == "env math holds no sandbox"
+    assert data["per_trajectory"]["sandbox_s"] == 0 and data["per_step"]["sandbox_s"] == 0
+    assert data["balance"]["sandboxes_per_gpu"] == 0 and data["target"]["sandboxes"] == 0
+    assert not any(n.startswith("sandbox-seconds") for n in data["not_recorded"])
+
+
+def test_a_mixed_run_sizes_sandboxes_for_its_sandboxed_trajectories_only():
+    rates = Rates(trajectories=2, generated_tokens=8, prefill_tokens=25, prefill_tokens_cached=18, turns=1.5,
+                  wall_s=4.0, gen_s=2.25, env_s=1.75, rows_per_step=2, sandbox_envs=("swe",), sandbox_wall_s=2.5)
+    led = ledger(rates, target_steps_per_hour=3600)
+    # a swe trajectory of wall 5.0 and a math one of wall 3.0: (5.0 + 0) / 2 = 2.5 sandboxed wall-seconds each
+    assert led.uses_sandbox and led.per_trajectory["sandbox_s"] == pytest.approx(2.5 / 1.3)
+    # 2 trajectories/s x 2.5 s / 1.3 = 3.85 -> 4 sandboxes (all-swe would need ceil(2 x 4.0 / 1.3) = 7)
+    assert led.target["sandboxes"] == 4 and led.target["in_flight"] == 8

@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from arlctl.cli.common import handle_errors, terminal_safe
+from arlctl.cli.common import handle_errors
 from arlctl.cli.main import app
 from arlctl.errors import UsageError
+from arlctl.render import terminal_safe
 from arlctl.schemas.rows import rows_to_table
 from arlctl.synthetic import synthetic_rows
 

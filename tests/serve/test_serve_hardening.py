@@ -19,7 +19,6 @@ import http.client
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,11 +27,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
-from serve_helpers import Server
+from serve_helpers import ServeProcess, Server, free_port, rows_by_session
 
-from arlctl.schemas.trajectory import validate
 from arlctl.serve.app import SESSION_HEADER
 
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
@@ -43,32 +40,11 @@ VOCAB = 49152  # the tiny model's tokenizer
 
 # ---- a real server process and a raw HTTP client ----
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class RawServe(ServeProcess):
+    """`ServeProcess` (replies capped at 4 tokens) with a raw HTTP client, to send bodies openai would not."""
 
-
-class Proc:
-    """`arlctl serve` as its own process; its log is kept to assert on."""
-
-    def __init__(self, record: Path, log: Path, *extra: str):
-        self.port, self.record, self.log = _free_port(), record, log
-        self._log = open(log, "w")  # noqa: SIM115 (lives as long as the process)
-        self.proc = subprocess.Popen([*ARLCTL, "serve", "--policy", "tiny", "--port", str(self.port), "--record",
-                                      str(record), "--max-tokens", "4", *extra],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"arlctl serve exited with {self.proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.3)
-        self.proc.kill()
-        pytest.fail("arlctl serve did not come up")
+    def __init__(self, record: Path, *extra: str):
+        super().__init__(record, "--max-tokens", "4", *extra)
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
                 timeout: float = 300) -> tuple[int, Any]:
@@ -89,39 +65,11 @@ class Proc:
     def post(self, path: str, body: Any, session: str | None = None) -> tuple[int, Any]:
         return self.request("POST", path, body, {SESSION_HEADER: session} if session else None)
 
-    def get(self, path: str) -> tuple[int, Any]:
-        return self.request("GET", path, timeout=10)
-
-    def health(self) -> dict[str, Any]:
-        status, body = self.get("/health")
-        assert status == 200, body
-        return body
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._log.close()
-
-
-def groups_written(record: Path) -> dict[str, list[dict]]:
-    """group_id -> rows, over every committed shard (each validated)."""
-    out: dict[str, list[dict]] = {}
-    for path in sorted(record.glob("*.parquet")):
-        table = pq.read_table(path)
-        validate(table)
-        for row in table.to_pylist():
-            out.setdefault(row["group_id"], []).append(row)
-    return out
-
 
 def wait_for_group(record: Path, group: str, timeout_s: float = 60) -> list[dict]:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        written = groups_written(record)
+        written = rows_by_session(record)
         if group in written:
             return written[group]
         time.sleep(0.2)
@@ -136,7 +84,7 @@ HI = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("hardened")
-    proc = Proc(root / "rec", root / "serve.log", "--idle-timeout", str(IDLE_S), "--max-body-bytes", str(MAX_BODY))
+    proc = RawServe(root / "rec", "--idle-timeout", str(IDLE_S), "--max-body-bytes", str(MAX_BODY))
     yield proc
     proc.stop()
 
@@ -228,7 +176,7 @@ def test_malformed_requests_are_400_with_a_json_error_and_open_no_session(served
     assert len(probes) > 150
     health = served.health()
     assert health["sessions"] == 0 and health["requests"] == 0  # nothing reached the recorder or the model
-    assert "Traceback" not in served.log.read_text()  # not even in the server's own log
+    assert "Traceback" not in served.log()  # not even in the server's own log
 
 
 def test_hostile_sampling_values_are_refused_by_name(served):
@@ -266,7 +214,7 @@ def test_non_integer_prompt_id_is_400_and_the_reaper_still_writes_later_sessions
     assert row["prompt_ids"] == [1, 2, 3]
     assert row["response_ids"] == first["choices"][0]["token_ids"] + [42] + second["choices"][0]["token_ids"]
     assert all(type(t) is int for t in row["prompt_ids"] + row["response_ids"])
-    written = groups_written(served.record)
+    written = rows_by_session(served.record)
     assert "s-bool" not in written and not any(g.startswith("s-bad") for g in written)
     assert served.health()["sessions_failed"] == 0
 
@@ -311,28 +259,28 @@ def test_a_large_allowed_body_tokenises_off_the_event_loop(served):
     _assert_rejected(status, body, "large body")
     assert "does not fit" in body["error"]["message"]
     assert served.health()["preparing"] == 0
-    assert "s-large" not in groups_written(served.record)
+    assert "s-large" not in rows_by_session(served.record)
     assert served.post("/v1/sessions/s-large/end", {})[0] == 404  # not held open: the record was dropped
 
 
 # ---- 4. SIGTERM writes open sessions ----
 
 def test_sigterm_writes_every_open_session_before_exit(tmp_path):
-    proc = Proc(tmp_path / "rec", tmp_path / "serve.log")
+    proc = RawServe(tmp_path / "rec")
     try:
         status, body = proc.post(CHAT, _chat(), session="s-term")
         assert status == 200, body
         status, body = proc.post(COMPLETIONS, _completion(), session="s-term-2")
         assert status == 200, body
         proc.proc.send_signal(signal.SIGTERM)
-        assert proc.proc.wait(120) == 0, proc.log.read_text()[-2000:]
+        assert proc.proc.wait(120) == 0, proc.log()[-2000:]
     finally:
         proc.stop()
-    written = groups_written(tmp_path / "rec")
+    written = rows_by_session(tmp_path / "rec")
     assert set(written) == {"s-term", "s-term-2"}
     for rows in written.values():
         assert [json.loads(r["final_state"])["ended_by"] for r in rows] == ["server_stopped"]
-    assert "wrote 2 rows in 2 shards" in proc.log.read_text()
+    assert "wrote 2 rows in 2 shards" in proc.log()
 
 
 # ---- 5. the reaper cannot die (in process: a session poisoned past validation) ----
@@ -367,7 +315,7 @@ def test_an_unwritable_session_is_marked_and_the_reaper_goes_on(tmp_path):
         assert health["sessions_failed"] == 1 and health["failed_sessions"] == ["s-poison"]
     finally:
         srv.stop()
-    assert set(groups_written(tmp_path / "rec")) == {"s-good"}
+    assert set(rows_by_session(tmp_path / "rec")) == {"s-good"}
 
 
 # ---- 6. the server's own options ----
@@ -379,7 +327,7 @@ def test_an_unwritable_session_is_marked_and_the_reaper_goes_on(tmp_path):
     ("--max-tokens", "0", "--max-tokens must be in [1,"),
 ])
 def test_serve_refuses_bad_options_with_exit_2(tmp_path, option, value, message):
-    result = subprocess.run([*ARLCTL, "serve", "--policy", "tiny", "--port", str(_free_port()),
+    result = subprocess.run([*ARLCTL, "serve", "--policy", "tiny", "--port", str(free_port()),
                              "--record", str(tmp_path / "rec"), option, value],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
