@@ -66,6 +66,8 @@ def render(row: dict[str, Any], out: Console, cut: Callable[[Any], Any] = lambda
         f"({row['generated_tokens']} sampled)  time {row['wall_time_s']:.2f}s "
         f"(gen {row['gen_time_s']:.2f}s, env {row['env_time_s']:.2f}s)")
     out.print(Panel(head, title="trajectory", title_align="left"))
+    if row.get("env_info"):  # schema v3: where the env ran (sandbox, engine/host, container)
+        out.print(Text.assemble("ran on ", plain(cut(row["env_info"]))))
     out.print(Panel(plain(cut(row["prompt_text"]), "cyan"), title=f"prompt ({row['prompt_tokens']} tokens)",
                     title_align="left"))
     for turn in row["turns"]:

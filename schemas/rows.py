@@ -102,6 +102,9 @@ class TrajectoryRow:
     weight: float | None = None
     trajectory_id: str = field(default_factory=uuid7)
     trace_id: str | None = None
+    # Schema v3: where the environment ran (the env's env_info(): sandbox kind, engine/host, container), as
+    # a JSON object; None when the env has no sandbox.
+    env_info: dict[str, Any] | None = None
 
     def to_arrow(self) -> dict[str, Any]:
         return {
@@ -144,6 +147,8 @@ class TrajectoryRow:
             "advantage": self.advantage,
             "weight": self.weight,
             "trace_id": self.trace_id or self.trajectory_id,
+            "env_info": None if self.env_info is None else json.dumps(self.env_info, ensure_ascii=False,
+                                                                      default=str),
         }
 
 

@@ -1,9 +1,9 @@
-"""The trajectory schema, version 2: one row per trajectory (DESIGN.md §4).
+"""The trajectory schema, version 3: one row per trajectory (DESIGN.md §4).
 
 Every stage writes this same schema; later stages fill columns that are null before them.
 `validate(table)` never coerces: a column with the wrong type or a null where none is allowed is an
 error that names the column. Readers reject unknown versions (see `check_version`) and upgrade older
-ones through the append-only MIGRATIONS registry (`conform`), so every stage reads a v1 shard as v2.
+ones through the append-only MIGRATIONS registry (`conform`), so every stage reads a v1 or v2 shard as v3.
 
 Versions:
   1  the original schema
@@ -11,6 +11,9 @@ Versions:
      it to that turn's sampled tokens. It sits in the turn struct, beside the gen_start / gen_len offsets it
      applies to and the reward_step it is computed from, so there is no second list to keep aligned with
      `turns`. Null (every v1 row, every other --adv mode): the row's `advantage` applies to all its tokens.
+  3  env_info (string, nullable), the last column: JSON object saying where the environment ran (sandbox
+     kind, engine or host, container; `replaced_from` when the work moved off a failed sandbox or engine).
+     Written by rollout from the env's `env_info()`; null for envs without a sandbox and in every v1/v2 row.
 Value rules (token id ranges, mask values, finite log-probs and rewards, turn offsets, sane versions)
 are in schemas/values.py: a bad value condemns its row, not the whole shard.
 """
@@ -24,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 SCHEMA_NAME = "trajectory"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # One struct per turn. Offsets index into response_ids: the turn's generated tokens are
 # response_ids[gen_start : gen_start + gen_len]; the observation tokens that follow them (mask 0)
@@ -49,9 +52,11 @@ TURN_TYPE_V1 = pa.struct(_TURN_FIELDS_V1)
 # Version 2 appends the per-turn advantage (null unless `filter --adv turn` wrote it).
 TURN_TYPE = pa.struct([*_TURN_FIELDS_V1, pa.field("advantage", pa.float32(), nullable=True)])
 
-# (name, type, nullable, description). The order is the column order in every shard.
-_COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
-    ("schema_version", pa.int16(), False, "schema version of this row (2)"),
+# (name, type, nullable, description). The order is the column order in every shard. Names, types and
+# nullability frozen as of version 1 (versions 1 and 2 have exactly these columns; only the turn struct
+# differs); a new version appends columns (_COLUMNS below) and never edits these.
+_COLUMNS_V1: list[tuple[str, pa.DataType, bool, str]] = [
+    ("schema_version", pa.int16(), False, "schema version of this row (3)"),
     ("trajectory_id", pa.string(), False, "unique, time-ordered id (uuid7)"),
     ("group_id", pa.string(), False, "shared by the G samples of one task in one rollout (GRPO group)"),
     ("sample_index", pa.int16(), False, "0..G-1 within the group"),
@@ -92,17 +97,21 @@ _COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [
     ("weight", pa.float32(), True, "null until `filter` (staleness decay x balance)"),
     ("trace_id", pa.string(), False, "one id across every stage's logs for this trajectory"),
 ]
+# Version 3 appends env_info (null where the env has no sandbox, and in every row read from v1 or v2).
+_COLUMNS = [*_COLUMNS_V1, ("env_info", pa.string(), True, "where the environment ran: sandbox kind, engine/host, "
+                                                              "container; null when the env has no sandbox")]
 
 
 def _metadata(version: int) -> dict[bytes, bytes]:
     return {b"arlctl.schema": SCHEMA_NAME.encode(), b"arlctl.schema_version": str(version).encode()}
 
 
-def _schema(version: int, turn_type: pa.DataType, docs: dict[str, str] | None = None) -> pa.Schema:
+def _schema(version: int, turn_type: pa.DataType, docs: dict[str, str] | None = None,
+            columns: list[tuple[str, pa.DataType, bool, str]] = _COLUMNS) -> pa.Schema:
     docs = docs or {}
     return pa.schema(
         [pa.field(name, turn_type if name == "turns" else typ, nullable=nullable,
-                  metadata={b"doc": docs.get(name, doc).encode()}) for name, typ, nullable, doc in _COLUMNS],
+                  metadata={b"doc": docs.get(name, doc).encode()}) for name, typ, nullable, doc in columns],
         metadata=_metadata(version),
     )
 
@@ -112,7 +121,8 @@ TRAJECTORY_SCHEMA = _schema(SCHEMA_VERSION, pa.list_(TURN_TYPE))
 # Every version this arlctl can read, as written then: validation of a shard before its migration.
 SCHEMAS: dict[int, pa.Schema] = {
     1: _schema(1, pa.list_(TURN_TYPE_V1), {"schema_version": "schema version of this row (1)",
-                                           "turns": "per-turn records (offsets into response_ids)"}),
+                                           "turns": "per-turn records (offsets into response_ids)"}, _COLUMNS_V1),
+    2: _schema(2, pa.list_(TURN_TYPE), {"schema_version": "schema version of this row (2)"}, _COLUMNS_V1),
     SCHEMA_VERSION: TRAJECTORY_SCHEMA,
 }
 
@@ -194,14 +204,14 @@ def table_version(table: pa.Table) -> int:
 
 def _check_structure(table: pa.Table, version: int) -> None:
     expected = SCHEMAS[version]
-    names = table.schema.names
-    missing = [n for n in COLUMN_NAMES if n not in names]
+    names, expected_names = table.schema.names, expected.names
+    missing = [n for n in expected_names if n not in names]
     if missing:
         raise SchemaError(f"missing column {missing[0]!r}", missing[0])
-    extra = [n for n in names if n not in COLUMN_NAMES]
+    extra = [n for n in names if n not in expected_names]
     if extra:
-        raise SchemaError(f"unknown column {extra[0]!r}", extra[0])
-    if names != COLUMN_NAMES:
+        raise SchemaError(f"unknown column {extra[0]!r} (schema version {version})", extra[0])
+    if names != expected_names:
         raise SchemaError("columns are not in schema order", None)
     for field in expected:
         actual = table.schema.field(field.name).type
@@ -246,7 +256,7 @@ def conform(table: pa.Table) -> pa.Table:
     """
     version = table_version(table)
     while version < SCHEMA_VERSION:
-        table = MIGRATIONS[version](table.select(COLUMN_NAMES).cast(SCHEMAS[version]))
+        table = MIGRATIONS[version](table.select(SCHEMAS[version].names).cast(SCHEMAS[version]))
         version += 1
     return table.select(COLUMN_NAMES).cast(TRAJECTORY_SCHEMA)
 
@@ -260,6 +270,14 @@ def _v1_to_v2(table: pa.Table) -> pa.Table:
     version = pa.array([2] * table.num_rows, pa.int16())
     table = table.set_column(0, SCHEMAS[2].field("schema_version"), version)
     return table.replace_schema_metadata({**(table.schema.metadata or {}), **_metadata(2)})
+
+
+def _v2_to_v3(table: pa.Table) -> pa.Table:
+    """Version 3 appends the env_info column: null in every v2 row (where its env ran was not recorded)."""
+    table = table.append_column(SCHEMAS[3].field("env_info"), pa.nulls(table.num_rows, pa.string()))
+    version = pa.array([3] * table.num_rows, pa.int16())
+    table = table.set_column(0, SCHEMAS[3].field("schema_version"), version)
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), **_metadata(3)})
 
 
 def set_turn_advantages(table: pa.Table, values: list[float | None]) -> pa.Table:
@@ -290,7 +308,7 @@ def _with_advantage(turns: pa.ListArray, advantage: pa.Array | None, target: pa.
 
 # Append-only registry of migrations: MIGRATIONS[v] upgrades a table of version v (in SCHEMAS[v]) to v + 1.
 # A new version adds an entry here and a frozen copy in tests/test_schema.py, and never edits an old one.
-MIGRATIONS: dict[int, Callable[[pa.Table], pa.Table]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[pa.Table], pa.Table]] = {1: _v1_to_v2, 2: _v2_to_v3}
 KNOWN_VERSIONS = frozenset({SCHEMA_VERSION})  # written and read as they are
 READABLE_VERSIONS = frozenset(KNOWN_VERSIONS | set(MIGRATIONS))  # read, the older ones through MIGRATIONS
 

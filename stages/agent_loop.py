@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from arlctl.envs.base import Action, Env, EnvFailure, StepResult
+from arlctl.envs.base import Action, Env, EnvFailure, StepResult, env_info
 from arlctl.inference.base import Generation, Policy, SamplingParams
 from arlctl.inference.chat import ChatCodec, Segment
 from arlctl.schemas.builder import TrajectoryBuilder
@@ -461,6 +461,21 @@ def _artifact_cut(env: Env) -> str | None:
     """
     reason = env.final_state_truncated
     return str(reason) if reason else None
+
+
+def record_env_info(row: TrajectoryRow, env: Env, stats: Stats) -> None:
+    """Store where the env ran (its optional env_info()) in the row's env_info, whatever its status.
+
+    Called once the episode is over and before the env closes. An env_info() that raises or returns a
+    non-dict is counted (cause env_info_error) and leaves the column null: it never costs the row.
+    """
+    try:
+        info = env_info(env)
+    except Exception as err:
+        stats.fault("env_info_error", f"env_info failed: {type(err).__name__}: {err}")
+        return
+    if info is not None:
+        row.env_info = parquet_safe_value(info)
 
 
 def crashed(traj: Trajectory, err: BaseException, stats: Stats) -> TrajectoryRow:

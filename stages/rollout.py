@@ -4,7 +4,9 @@
 `concurrency` in flight; a group is always returned whole: members that fail end with a status, members
 cut by a stop end `aborted` with everything they had recorded. With --history per-turn a group's
 trajectories are emitted one row per turn. The daemon policy (reloads, backpressure) comes in as hooks
-from stages/rollout_daemon.py.
+from stages/rollout_daemon.py. Every row records where its env ran (env_info, schema v3: the env's
+optional env_info(), read before the env closes, whatever the status); a member topped up after an
+env_error lists the attempts it replaced, and where they ran, under `replaced_from`.
 
 The names other modules import from here (RolloutConfig, Stats, parquet_safe, ...) are re-exported from
 the modules that own them.
@@ -31,6 +33,7 @@ from arlctl.stages.agent_loop import (
     check_generation,
     crashed,
     final_state_after_bound,
+    record_env_info,
     run_trajectory,
     vocab_size,
 )
@@ -72,11 +75,16 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
         """One sample; while it ends env_error (an infrastructure failure) and the group's top-up budget
         lasts, it is run again from scratch with a new seed, so the group stays at G usable rows."""
         row = await one(trajs[index])
+        earlier: list[dict[str, Any]] = []  # where the attempts given up ran (env_info replaced_from)
         while row.status == "env_error" and top_ups_left[0] > 0:
             top_ups_left[0] -= 1
             stats.top_ups += 1
+            if row.env_info is not None:
+                earlier.append({**row.env_info, "cause": "env_error", "attempt": trajs[index].attempt})
             trajs[index] = Trajectory(task, group_id, index, env_name, policy, epoch, trajs[index].attempt + 1)
             row = await one(trajs[index])
+        if earlier and row.env_info is not None:  # the member moved: say from where, oldest first
+            row.env_info["replaced_from"] = [*earlier, *row.env_info.get("replaced_from", [])]
         stats.outcomes[row.status] = stats.outcomes.get(row.status, 0) + 1
         return row
 
@@ -101,6 +109,7 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
                 stats.in_flight -= 1
                 stats.trajectories_done += 1
                 if env is not None:
+                    record_env_info(traj.row, env, stats)  # on every status, before close releases the sandbox
                     await _close_env(env, cfg, stats)
 
     tasks = [asyncio.ensure_future(member(i)) for i in range(len(trajs))]

@@ -57,19 +57,29 @@ GOLDEN_V1 = [
 
 
 # The golden copy of schema version 2: version 1 with turns[].advantage appended to the turn struct
-# (migration MIGRATIONS[1]). Edit only together with a migration to version 3.
+# (migration MIGRATIONS[1]). Frozen: version 3 appends a column, it edits none of these.
 TURNS_V2 = ("list<item: struct<index: int16 not null, gen_start: int32 not null, gen_len: int32 not null, "
             "obs_len: int32 not null, text: string not null, tool_calls: string not null, observation: string, "
             "policy_version: int64 not null, gen_latency_s: float not null, env_latency_s: float not null, "
             "reward_step: float, error: string, advantage: float>>")
 GOLDEN_V2 = [(name, TURNS_V2 if name == "turns" else typ, nullable) for name, typ, nullable in GOLDEN_V1]
 
+# The golden copy of schema version 3: version 2 with the nullable env_info column appended last
+# (migration MIGRATIONS[2]). Edit only together with a migration to version 4.
+GOLDEN_V3 = [*GOLDEN_V2, ("env_info", "string", True)]
+
 
 def test_schema_matches_golden_copy():
     actual = [(f.name, str(f.type), f.nullable) for f in T.TRAJECTORY_SCHEMA]
-    assert actual == GOLDEN_V2
-    assert actual != GOLDEN_V1  # the turns column is the one difference
+    assert actual == GOLDEN_V3
+    assert actual[:-1] == GOLDEN_V2  # one column appended at the end, nothing else changed
+    assert [(f.name, str(f.type), f.nullable) for f in T.SCHEMAS[3]] == GOLDEN_V3
+
+
+def test_version_2_stays_frozen():
     assert [(f.name, str(f.type), f.nullable) for f in T.SCHEMAS[2]] == GOLDEN_V2
+    assert T.SCHEMAS[2].metadata[b"arlctl.schema_version"] == b"2"
+    assert T.SCHEMAS[2].field("schema_version").metadata[b"doc"] == b"schema version of this row (2)"
 
 
 def test_version_1_stays_frozen():
@@ -80,29 +90,42 @@ def test_version_1_stays_frozen():
 def test_schema_metadata_and_docs():
     meta = T.TRAJECTORY_SCHEMA.metadata
     assert meta[b"arlctl.schema"] == b"trajectory"
-    assert meta[b"arlctl.schema_version"] == b"2"
+    assert meta[b"arlctl.schema_version"] == b"3"
     assert all(f.metadata and f.metadata[b"doc"] for f in T.TRAJECTORY_SCHEMA)
+    assert T.TRAJECTORY_SCHEMA.field("env_info").metadata[b"doc"] == (
+        b"where the environment ran: sandbox kind, engine/host, container; null when the env has no sandbox")
 
 
 def test_migration_registry_is_append_only():
-    assert T.SCHEMA_VERSION == 2
-    assert sorted(T.MIGRATIONS) == [1]  # one entry per older version: v -> v + 1
+    assert T.SCHEMA_VERSION == 3
+    assert sorted(T.MIGRATIONS) == [1, 2]  # one entry per older version: v -> v + 1
     T.check_version(1)
     T.check_version(2)
-    with pytest.raises(T.SchemaError, match=r"unknown schema version 3 \(this arlctl reads \[1, 2\]\)"):
-        T.check_version(3)
+    T.check_version(3)
+    with pytest.raises(T.SchemaError, match=r"unknown schema version 4 \(this arlctl reads \[1, 2, 3\]\)"):
+        T.check_version(4)
     with pytest.raises(T.SchemaError, match="unknown schema version 0"):
         T.check_version(0)
 
 
 def as_v1(table: pa.Table) -> pa.Table:
-    """The same rows as a version-1 writer wrote them: no turns[].advantage, schema_version 1."""
+    """The same rows as a version-1 writer wrote them: no turns[].advantage, no env_info, schema_version 1."""
     rows = table.to_pylist()
     for row in rows:
         row["schema_version"] = 1
+        assert row.pop("env_info") is None
         for turn in row["turns"]:
             assert turn.pop("advantage") is None
     return pa.Table.from_pylist(rows, schema=T.SCHEMAS[1])
+
+
+def as_v2(table: pa.Table) -> pa.Table:
+    """The same rows as a version-2 writer wrote them: no env_info column, schema_version 2."""
+    rows = table.to_pylist()
+    for row in rows:
+        row["schema_version"] = 2
+        assert row.pop("env_info") is None
+    return pa.Table.from_pylist(rows, schema=T.SCHEMAS[2])
 
 
 def test_migration_1_to_2_adds_a_null_turn_advantage_and_changes_nothing_else():
@@ -111,7 +134,7 @@ def test_migration_1_to_2_adds_a_null_turn_advantage_and_changes_nothing_else():
     T.validate_structure(old)  # a reader accepts version 1 as it is ...
     upgraded = T.conform(old)  # ... and upgrades it
     assert upgraded.schema.equals(T.TRAJECTORY_SCHEMA, check_metadata=True)
-    assert upgraded.equals(table)  # every value, schema_version 2 and null advantages included
+    assert upgraded.equals(table)  # every value, schema_version 3, null advantages and env_info included
     turns = [t for row in upgraded.column("turns").to_pylist() for t in row]
     assert turns and all(t["advantage"] is None for t in turns)
     # A slice (offset chunks) and a table of several chunks migrate the same way.
@@ -121,15 +144,18 @@ def test_migration_1_to_2_adds_a_null_turn_advantage_and_changes_nothing_else():
 
 def test_writers_refuse_version_1_and_readers_refuse_mixed_versions():
     old = as_v1(synthetic_table(1, 2, seed=5))
-    with pytest.raises(T.SchemaError, match="this table is schema version 1; writers write version 2"):
+    with pytest.raises(T.SchemaError, match="this table is schema version 1; writers write version 3"):
         T.validate(old)
     # A v1 table whose metadata says 2 is neither: the turn struct is checked against what it claims.
-    claims_v2 = old.replace_schema_metadata(T.SCHEMA_METADATA)
+    claims_v2 = old.replace_schema_metadata(T.SCHEMAS[2].metadata)
     with pytest.raises(T.SchemaError, match="column 'turns' has type"):
         T.validate_structure(claims_v2)
+    # A v1 table whose metadata says 3 lacks the column v3 appended.
+    with pytest.raises(T.SchemaError, match="missing column 'env_info'"):
+        T.validate_structure(old.replace_schema_metadata(T.SCHEMA_METADATA))
 
 
-def test_a_version_1_shard_is_read_as_version_2(tmp_path):
+def test_a_version_1_shard_is_read_as_version_3(tmp_path):
     import pyarrow.parquet as pq
 
     from arlctl.io.shards import read_shard
@@ -139,6 +165,64 @@ def test_a_version_1_shard_is_read_as_version_2(tmp_path):
     pq.write_table(as_v1(table), path)  # a shard as a version-1 arlctl committed it
     assert pq.read_schema(path).metadata[b"arlctl.schema_version"] == b"1"
     assert read_shard(str(path)).equals(table)
+
+
+def test_migration_2_to_3_appends_a_null_env_info_and_changes_nothing_else():
+    table = synthetic_table(3, 2, seed=10)
+    rows = table.to_pylist()
+    rows[1]["turns"][0]["advantage"] = 0.25  # a v2 value the migration must carry over untouched
+    table = pa.Table.from_pylist(rows, schema=T.TRAJECTORY_SCHEMA)
+    old = as_v2(table)
+    assert old.schema.names == T.COLUMN_NAMES[:-1] and "env_info" not in old.schema.names
+    T.validate_structure(old)  # a reader accepts version 2 as it is ...
+    upgraded = T.conform(old)  # ... and upgrades it
+    assert upgraded.schema.equals(T.TRAJECTORY_SCHEMA, check_metadata=True)
+    assert upgraded.schema.names[-1] == "env_info"
+    assert upgraded.column("env_info").null_count == table.num_rows
+    assert upgraded.column("schema_version").to_pylist() == [3] * table.num_rows
+    assert upgraded.equals(table)  # every other value as it was, the v2 turn advantage included
+    assert T.conform(old.slice(1, 4)).equals(table.slice(1, 4))
+    assert T.conform(pa.concat_tables([old.slice(0, 3), old.slice(3)])).equals(table)
+    with pytest.raises(T.SchemaError, match="this table is schema version 2; writers write version 3"):
+        T.validate(old)
+    # A v2 table carrying an env_info column is not version 2: readers name the stray column.
+    stray = old.append_column("env_info", pa.nulls(old.num_rows, pa.string()))
+    with pytest.raises(T.SchemaError, match=r"unknown column 'env_info' \(schema version 2\)"):
+        T.validate_structure(stray)
+
+
+def test_a_version_2_shard_is_read_as_version_3_with_env_info_null(tmp_path):
+    import pyarrow.parquet as pq
+
+    from arlctl.io.shards import read_shard
+
+    table = synthetic_table(2, 2, seed=11)
+    path = tmp_path / "v2.parquet"
+    pq.write_table(as_v2(table), path)  # a shard as a version-2 arlctl committed it
+    assert pq.read_schema(path).metadata[b"arlctl.schema_version"] == b"2"
+    assert "env_info" not in pq.read_schema(path).names
+    got = read_shard(str(path))
+    assert got.equals(table)
+    assert got.column("env_info").to_pylist() == [None] * 4
+    assert read_shard(str(path), columns=["env_info"]).num_columns == 1
+
+
+def test_env_info_round_trips_through_the_row_builder_and_a_shard(tmp_path):
+    import json
+
+    from arlctl.io.shards import Lineage, read_shard, shard_name, write_shard
+
+    placed = {"sandbox": "docker", "engine": "unix:///run/b.sock", "container": "0123456789ab",
+              "replaced_from": [{"sandbox": "docker", "engine": "unix:///run/a.sock", "cause": "health_check"}]}
+    rows = [TrajectoryRow(group_id="g", sample_index=i, task_id="t", env="swe", env_version="swe-1", task={},
+                          policy="p", prompt_text="x", prompt_ids=[1], env_info=info)
+            for i, info in enumerate([placed, None, {"sandbox": "bwrap", "host": "h\u00e9"}])]
+    table = rows_to_table(rows)
+    assert table.schema.field("env_info").type == pa.string()
+    written = write_shard(table, str(tmp_path / shard_name("rollout")), Lineage(stage="rollout"))
+    got = read_shard(written).column("env_info").to_pylist()
+    assert got[1] is None  # no sandbox: null, not "null"
+    assert json.loads(got[0]) == placed and json.loads(got[2]) == {"sandbox": "bwrap", "host": "h\u00e9"}
 
 
 def test_validate_names_the_offending_column():
@@ -215,7 +299,7 @@ def test_synthetic_rows_are_realistic():
     assert synthetic_table(8, 4, seed=3).equals(table)
 
 
-def test_duckdb_reads_v1_and_v2_shards_in_one_view(tmp_path):
+def test_duckdb_reads_v1_v2_and_v3_shards_in_one_view(tmp_path):
     import pyarrow.parquet as pq
 
     from arlctl.io.duck import VIEW, connect
@@ -223,11 +307,17 @@ def test_duckdb_reads_v1_and_v2_shards_in_one_view(tmp_path):
     v2 = synthetic_table(2, 2, seed=7)
     rows = v2.to_pylist()
     rows[0]["turns"][0]["advantage"] = 0.5
-    pq.write_table(pa.Table.from_pylist(rows, schema=T.TRAJECTORY_SCHEMA), tmp_path / "b-v2.parquet")
+    pq.write_table(as_v2(pa.Table.from_pylist(rows, schema=T.TRAJECTORY_SCHEMA)), tmp_path / "b-v2.parquet")
     pq.write_table(as_v1(synthetic_table(2, 2, seed=8)), tmp_path / "a-v1.parquet")  # read first
+    v3 = synthetic_table(1, 2, seed=12).to_pylist()
+    v3[0]["env_info"] = '{"sandbox": "bwrap", "host": "node-7"}'
+    pq.write_table(pa.Table.from_pylist(v3, schema=T.TRAJECTORY_SCHEMA), tmp_path / "c-v3.parquet")
     con = connect(sorted(str(p) for p in tmp_path.glob("*.parquet")))
-    got = con.execute(f"SELECT schema_version, turns[1].advantage FROM {VIEW} ORDER BY 1, 2 NULLS LAST").fetchall()
-    assert got == [(1, None)] * 4 + [(2, 0.5)] + [(2, None)] * 3  # 2 groups x 2 rows per shard
+    got = con.execute(f"SELECT schema_version, turns[1].advantage, json_extract_string(env_info, '$.host') "
+                      f"FROM {VIEW} ORDER BY 1, 2 NULLS LAST, 3 NULLS LAST").fetchall()
+    # 2 groups x 2 rows in each of the v1 and v2 shards, 1 group x 2 rows in the v3 one
+    assert got == [(1, None, None)] * 4 + [(2, 0.5, None)] + [(2, None, None)] * 3 + [(3, None, "node-7"),
+                                                                                      (3, None, None)]
 
 
 def test_a_non_finite_turn_advantage_is_a_bad_value():

@@ -2,8 +2,10 @@
 
 `Env` declares every member the loop uses. The built-in envs implement all of it; a plugin env needs
 only async reset/step/close, and `as_env` fills in the rest with the loop's defaults (by wrapping the
-object, not by a base class). ToolCall and ParseError belong to the tool-call parsers (arlctl.tools.calls);
-they are re-exported here so an env can take everything it needs from this one module.
+object, not by a base class). One member is optional for every env, built-in or not: `env_info()`
+(the EnvInfo protocol below), where the episode's environment ran; the loop reads it with `env_info(env)`.
+ToolCall and ParseError belong to the tool-call parsers (arlctl.tools.calls); they are re-exported here
+so an env can take everything it needs from this one module.
 """
 
 from __future__ import annotations
@@ -77,6 +79,36 @@ class Env(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class EnvInfo(Protocol):
+    """The optional member: an env with a sandbox says where the episode ran.
+
+    `env_info()` returns a JSON-ready dict (sandbox kind, host or docker engine, container; `replaced_from`
+    when the work moved off a failed sandbox or engine) or None (no sandbox: math, toy). The rollout stores
+    it as the row's env_info column (schema v3) on every status, read after the episode ends and before
+    close(), so it must stay answerable then and must be cheap. Not part of `Env`, so that an env without
+    it (a plugin, a toy) is still a full Env and passes through unwrapped.
+    """
+
+    def env_info(self) -> dict[str, Any] | None: ...
+
+
+ENV_INFO = "env_info"
+
+
+def env_info(env: Any) -> dict[str, Any] | None:
+    """`env.env_info()` for an env that has it (through an as_env wrapper too), else None.
+
+    A value that is not a dict is refused with a TypeError: the caller counts it and records nothing."""
+    target = env.wrapped if isinstance(env, _AdaptedEnv) else env
+    own = getattr(target, ENV_INFO, None)
+    if not callable(own):
+        return None
+    info = own()
+    if info is not None and not isinstance(info, dict):
+        raise TypeError(f"{type(target).__name__}.env_info() returned a {type(info).__name__}, not a dict or None")
+    return info
 
 
 @runtime_checkable
@@ -159,5 +191,5 @@ def as_env(obj: Any) -> Env:
     return _AdaptedEnv(obj)
 
 
-__all__ = ["Action", "Env", "EnvFactory", "EnvFailure", "EnvReset", "ParseError", "StepResult", "ToolCall",
-           "as_env", "missing_methods"]
+__all__ = ["Action", "Env", "EnvFactory", "EnvFailure", "EnvInfo", "EnvReset", "ParseError", "StepResult",
+           "ToolCall", "as_env", "env_info", "missing_methods"]

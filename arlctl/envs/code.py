@@ -14,6 +14,7 @@ Episode: the user message holds the problem's prompt (imports, signature and doc
 one per call, from a warm pool the run's envs share) and returns its exit code, stdout and stderr; a
 reply without a tool call ends the episode. Sandbox options: sandbox (bwrap), sandboxes (pool size, 4),
 tool_timeout (10 s), max_output_chars (4000), insecure_sandbox.
+The row's env_info says where the python tool's sandboxes ran (null with tools=none: no sandbox).
 
 Completion extraction (code_grader.extract_completion): the first ```python / ```py / bare ``` block
 that defines the entry point, else the first such block (an unclosed block runs to the end of the
@@ -40,7 +41,7 @@ from arlctl.envs.code_grader import REWARD_VERSION, extract_completion, problem,
 from arlctl.envs.registry import register_env, register_reward
 from arlctl.envs.tasks import int_option, register_task_scheme, reject_unknown_options
 from arlctl.errors import TerminalError, UsageError
-from arlctl.sandbox.base import SandboxError
+from arlctl.sandbox.base import SandboxError, placement_of
 from arlctl.sandbox.pool import SandboxPool
 from arlctl.tools.hermes import OPEN_TAG, parse_hermes, strip_tool_calls
 from arlctl.tools.render import format_parse_error, format_tool_result
@@ -88,10 +89,11 @@ class PythonSandboxes:
         return self._pool
 
     @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[Any]:
-        """One sandbox for one call; the pool resets (relaunches) it after release."""
+    async def lease(self, moves: list[dict] | None = None) -> AsyncIterator[Any]:
+        """One sandbox for one call; the pool resets (relaunches) it after release. `moves`: see
+        SandboxPool.acquire (sandboxes given up before this one, with their causes)."""
         pool = await self._ready()
-        async with pool.acquire() as sandbox:
+        async with pool.acquire(moves=moves) as sandbox:
             yield sandbox
 
     async def close(self) -> None:
@@ -123,6 +125,8 @@ class CodeEnv:
         self._private: PythonSandboxes | None = None
         self.task: dict[str, Any] | None = None
         self.entry_point = ""
+        self._placements: list[dict[str, Any]] = []  # the python tool's sandboxes this episode, in order
+        self._moves: list[dict[str, Any]] = []  # sandboxes the pool gave up for those leases
 
     def new_provider(self, size: int | None = None) -> PythonSandboxes:
         return PythonSandboxes(self.kind, size or self.sandboxes, self.insecure, **self.limits)
@@ -140,6 +144,7 @@ class CodeEnv:
         if not isinstance(prompt, str) or not isinstance(entry_point, str) or not prompt.strip():
             raise TerminalError(f"code task {task.get('task_id')!r} has no prompt and entry_point")
         self.task, self.entry_point = task, entry_point
+        self._placements, self._moves = [], []
         system = SYSTEM_PROMPT_TOOLS if self.tools else SYSTEM_PROMPT
         user = USER_TEMPLATE.format(prompt=prompt if prompt.endswith("\n") else prompt + "\n")
         return EnvReset(messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
@@ -178,7 +183,8 @@ class CodeEnv:
         """The python tool: the program as main.py in a leased sandbox; exit code, stdout and stderr."""
         provider = self.provider or self._private_provider()
         try:
-            async with provider.lease() as sandbox:
+            async with provider.lease(self._moves) as sandbox:
+                self._placements.append(placement_of(sandbox))
                 await sandbox.put_file("main.py", code.encode("utf-8", "replace"))
                 result = await sandbox.exec(["python3", "-I", "main.py"], timeout=self.tool_timeout)
         except SandboxError as err:  # the sandbox broke, not the program: an env_error row, not an observation
@@ -194,6 +200,20 @@ class CodeEnv:
         head = self.max_output_chars * 2 // 3
         tail = self.max_output_chars - head
         return f"{text[:head]}\n[... {len(text) - head - tail} characters cut ...]\n{text[-tail:]}"
+
+    def env_info(self) -> dict[str, Any] | None:
+        """Where the python tool ran this episode (the row's env_info): the last sandbox's placement, how
+        many leases the episode took, every engine or host used when more than one, and `replaced_from`
+        when the pool gave up a sandbox first. None when no tool call ran (tools=none: no sandbox)."""
+        if not self._placements:
+            return None
+        info: dict[str, Any] = {**self._placements[-1], "leases": len(self._placements)}
+        where = sorted({str(p.get("engine") or p.get("host") or "") for p in self._placements})
+        if len(where) > 1:
+            info["engines"] = where
+        if self._moves:
+            info["replaced_from"] = list(self._moves)
+        return info
 
     async def final_state(self) -> str | None:
         """None: an episode the loop cut short has no final reply (the reward reads the response text)."""

@@ -42,7 +42,7 @@ def connect(shards: Sequence[str], threads: int | None = None) -> duckdb.DuckDBP
             if proto not in registered:
                 con.register_filesystem(fs)
                 registered.add(proto)
-    # union_by_name: v1 and v2 shards (v2 adds turns[].advantage) in one view, the missing field null.
+    # union_by_name: v1, v2 and v3 shards (v2 adds turns[].advantage, v3 env_info) in one view, the missing field null.
     con.execute(f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({_sql_list(shards)}, filename = true, "
                 "union_by_name = true)")
     return con

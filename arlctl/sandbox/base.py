@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from arlctl.errors import TransientError
 
@@ -25,7 +25,7 @@ class ExecResult:
 class Sandbox(Protocol):
     """One isolated workspace. Every backend (bwrap.py, docker.py, process.py) implements all of it;
     the pool (pool.py) uses snapshot, tainted, taint_reason, health and set_snapshot to check, switch
-    and replace sandboxes."""
+    and replace sandboxes, and envs report `placement()` as the row's env_info."""
 
     workdir: str  # the writable workspace path as seen by commands inside the sandbox
     snapshot: str | None  # the directory the workspace starts as (and reset returns it to)
@@ -57,3 +57,16 @@ class Sandbox(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def placement(self) -> dict[str, Any]:
+        """Where it runs, as JSON-ready values: {"sandbox": its kind, ...} plus the host (bwrap, subprocess)
+        or the docker engine and container. Cheap and never raises: rows record it (schema v3 env_info)."""
+        ...
+
+
+def placement_of(sandbox: Any) -> dict[str, Any]:
+    """`sandbox.placement()`, or {"sandbox": its kind} for an object without one (a test double)."""
+    own = getattr(sandbox, "placement", None)
+    if callable(own):
+        return dict(own())
+    return {"sandbox": str(getattr(sandbox, "kind", type(sandbox).__name__))}

@@ -36,6 +36,7 @@ import asyncio
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -117,6 +118,10 @@ class BwrapSandbox:
             await sb.close()
             raise
         return sb
+
+    def placement(self) -> dict[str, str]:
+        """Where this sandbox runs: this host (bwrap sandboxes are local processes) and its own id."""
+        return {"sandbox": self.kind, "host": socket.gethostname(), "id": self.id}
 
     # ---- lifecycle -------------------------------------------------------------------------------
 

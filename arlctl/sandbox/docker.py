@@ -282,9 +282,16 @@ class DockerSandbox:
             return sb
 
     def placement(self) -> dict[str, str]:
-        """Where this sandbox runs: the engine and the container."""
-        container = self.container.id[:12] if self.container is not None else ""
-        return {"backend": self.kind, "engine": self.engine, "container": container}
+        """Where this sandbox runs: the engine (docker host URL), the container (short id and name) and
+        its image. The container fields are empty before the container exists."""
+        container = self.container
+        return {
+            "sandbox": self.kind,
+            "engine": self.engine,
+            "container": container.id[:12] if container is not None else "",
+            "name": (container.name or "") if container is not None else "",
+            "image": self.image,
+        }
 
     async def start(self) -> None:
         fd = await asyncio.to_thread(self._create_and_attach)

@@ -14,6 +14,8 @@ when it gives one: timeout, oom, pids_limit, ...; else tainted, error, reset_fai
 Waiting for a free sandbox is bounded (`max_wait_s`); the time every acquire spent queued is recorded.
 A sandbox that breaks while its lease is being prepared (switching it to the task's snapshot), before
 the caller has run anything in it, is replaced and the acquire tries another one: nothing was lost yet.
+Such moves (and sandboxes skipped for a failed health check) are reported to a caller that asks
+(`acquire(moves=[])`), each as the sandbox's `placement()` and a cause: rollout rows record them.
 
 Sandboxes spread over several engines (docker hosts) are placed by `EngineSet`: the engine with the most
 free capacity (its limit minus the sandboxes it holds; ties go to the least loaded) gets the next one; an
@@ -35,7 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from arlctl.errors import TransientError
-from arlctl.sandbox.base import Sandbox, SandboxError
+from arlctl.sandbox.base import Sandbox, SandboxError, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +130,16 @@ class SandboxPool:
         await self.close()
 
     @contextlib.asynccontextmanager
-    async def acquire(self, snapshot: str | None = None) -> AsyncIterator[Sandbox]:
+    async def acquire(
+        self, snapshot: str | None = None, moves: list[dict] | None = None
+    ) -> AsyncIterator[Sandbox]:
         """Hold a healthy sandbox; with `snapshot`, its workspace is first switched to that task's snapshot,
-        so one pool can serve many tasks."""
-        sb = await self._prepared(snapshot)
+        so one pool can serve many tasks.
+
+        moves: when given, every sandbox this acquire gave up before handing one out (it failed its health
+        check, or broke while switching to `snapshot`) is appended as its placement() with the `cause`, so
+        the caller can record where its work moved from (schema v3 env_info `replaced_from`)."""
+        sb = await self._prepared(snapshot, moves=moves)
         spoiled = False
         try:
             yield sb
@@ -141,11 +149,13 @@ class SandboxPool:
         finally:
             self._spawn(self._recycle(sb, spoiled or sb.tainted))
 
-    async def _prepared(self, snapshot: str | None, attempts: int = 3) -> Sandbox:
+    async def _prepared(
+        self, snapshot: str | None, attempts: int = 3, moves: list[dict] | None = None
+    ) -> Sandbox:
         """A healthy sandbox switched to `snapshot`. One that breaks while switching (tainted: its engine
         died, say) is replaced and another is tried: the caller has run nothing in it, so nothing is lost."""
         for attempt in range(attempts):
-            sb = await self._take()
+            sb = await self._take(moves)
             if snapshot is None or sb.snapshot == snapshot:
                 return sb
             try:
@@ -155,13 +165,14 @@ class SandboxPool:
                 self._spawn(self._recycle(sb, spoiled=True))
                 if not sb.tainted or attempt == attempts - 1:
                     raise  # untainted: the snapshot, not the sandbox, is at fault; another would fail alike
+                _note_move(moves, sb, sb.taint_reason or "switch_failed")
                 log.warning("sandbox failed while switching to %s (%s); trying another", snapshot, e)
             except BaseException:
                 self._spawn(self._recycle(sb, sb.tainted))
                 raise
         raise AssertionError("unreachable")
 
-    async def _take(self) -> Sandbox:
+    async def _take(self, moves: list[dict] | None = None) -> Sandbox:
         if self._closed:
             raise SandboxError("sandbox pool is closed")
         t0 = time.monotonic()
@@ -179,6 +190,7 @@ class SandboxPool:
                 self._acquires += 1
                 return sb
             self._health_failures += 1
+            _note_move(moves, sb, "health_check")
             self._spawn(self._replace(sb, "health_check"))
 
     async def _healthy(self, sb: Sandbox) -> bool:
@@ -261,6 +273,12 @@ class SandboxPool:
         sandboxes = list(self._all)
         self._all.clear()
         await asyncio.gather(*(_close_quietly(sb) for sb in sandboxes))
+
+
+def _note_move(moves: list[dict] | None, sb: Sandbox, cause: str) -> None:
+    """Record a sandbox an acquire gave up (see acquire's `moves`)."""
+    if moves is not None:
+        moves.append({**placement_of(sb), "cause": cause})
 
 
 async def _close_quietly(sb: Sandbox) -> None:

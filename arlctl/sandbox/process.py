@@ -13,6 +13,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -139,6 +140,10 @@ class SubprocessSandbox:
         async with self._lock:
             await asyncio.to_thread(_restore)
             self.tainted = False
+
+    def placement(self) -> dict[str, str]:
+        """Where this sandbox runs: directly on this host."""
+        return {"sandbox": self.kind, "host": socket.gethostname()}
 
     async def close(self) -> None:
         self._closed = True

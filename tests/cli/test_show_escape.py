@@ -51,6 +51,7 @@ def _hostile_shard(tmp_path):
     row.reward_info = json.dumps({"log_tail": payload}, ensure_ascii=False)
     row.reward_version = f"v{LINK}"
     row.reward_components = {f"comp{MARKUP}": 1.0}
+    row.env_info = {"sandbox": "docker", "engine": f"unix:///run/e.sock{OSC52}", "name": f"box {MARKUP}"}
     for turn in row.turns:
         turn.text = f"text {payload}"
         turn.observation = f"obs {payload}"
@@ -80,6 +81,7 @@ def test_show_escapes_every_control_sequence_and_markup(tmp_path):
     assert "\\x9b31m" in out and "harmless\\x0dEVIL" in out
     assert MARKUP in out and "[/] closes nothing" in out and LINK in out
     assert f"comp{MARKUP}" in out  # reward component names too
+    assert "ran on" in out and "unix:///run/e.sock" in out and "box [bold" in out  # env_info (v3), markup literal
 
 
 def test_show_json_keeps_the_exact_text(tmp_path):

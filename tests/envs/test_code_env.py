@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -279,11 +280,14 @@ def test_python_tool_runs_code_in_a_sandbox():
                 _tool_call("import os\nopen('left.txt', 'w').write('x')\nprint(sorted(os.listdir('.')))")
                 + _tool_call("import os\nprint(sorted(os.listdir('.')))")))
             final = await env.step(env.parse_action("Done:\n```python\ndef has_close_elements(n, t):\n    return 1\n```"))
-            return ran, slow, wrong, fresh, final
+            return ran, slow, wrong, fresh, final, env.env_info()
         finally:
             await env.close()
 
-    ran, slow, wrong, fresh, final = run(episode())
+    ran, slow, wrong, fresh, final, info = run(episode())
+    # env_info (schema v3): where the python tool ran: 4 leases (ran, slow, and the two of `fresh`; the
+    # unknown tool leased none), all on this host, the last sandbox named
+    assert info == {"sandbox": "bwrap", "host": socket.gethostname(), "id": info["id"], "leases": 4}
     assert not ran.done and ran.observations[0]["role"] == "tool"
     assert ran.observations[0]["content"] == "exit code: 0\n42\n\ne\n" and ran.error is None
     assert slow.observations[0]["content"].startswith("error: timeout") and not slow.done
@@ -319,6 +323,7 @@ def test_single_turn_env_never_starts_a_sandbox():
     result = run(env.step(Action(text="    return True", tool_calls=[ToolCall(name="python", arguments={"code": "1"})])))
     assert result.done and result.final_state == "    return True"  # tools=none: any reply is the answer
     assert env.provider is not None and env.provider._pool is None
+    assert env.env_info() is None  # no sandbox: the row's env_info is null
     run(factory.aclose())
 
 

@@ -320,10 +320,90 @@ def test_engine_dying_mid_trajectory_is_env_error_never_graded(
         assert row.final_state is None  # nothing a grader could score
         assert f"docker engine {engine_b.url} is unreachable" in row.turns[-1].error
         assert placed[engine_b.url] == 1
+        # env_info (schema v3): the engine it ran on, and that the sandbox broke under it
+        assert row.env_info["engine"] == engine_b.url and row.env_info["taint_reason"] == "engine_unreachable"
     else:
         last_error = row.turns[-1].error
         assert stats.top_ups == 1 and row.status == "ok" and row.finish_reason == "submit", last_error
         assert placed[MAIN_URL] >= 1 and not engines.placement.is_up(engine_b.url)
+        # the final engine, and the attempt it replaced on the engine that died
+        assert row.env_info["engine"] == MAIN_URL and "taint_reason" not in row.env_info
+        [moved] = row.env_info["replaced_from"]
+        assert (moved["engine"], moved["cause"], moved["attempt"]) == (engine_b.url, "env_error", 0)
+        assert (
+            moved["taint_reason"] == "engine_unreachable" and moved["container"] != row.env_info["container"]
+        )
+
+
+@pytest.mark.docker
+def test_rows_name_the_engine_and_container_each_trajectory_ran_on(
+    engine_b, engines, tokenizer, tmp_path, monkeypatch
+):
+    """Four swe trajectories over a pool of two sandboxes, one per engine. Each agent prints its
+    container's hostname (docker sets it to the container's short id); every row's env_info must name
+    that container, and the engine that really holds it (asked of both engines while the pool is up)."""
+    import docker
+
+    from arlctl.envs.swe.env import SweEnvFactory
+    from arlctl.envs.swe.tasks import load_suite_task
+    from arlctl.inference.scripted import ScriptedPolicy
+    from arlctl.io.shards import Lineage, read_shard, shard_name, write_shard
+    from arlctl.schemas.rows import rows_to_table
+    from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+
+    monkeypatch.setenv("ARLCTL_HOME", str(tmp_path / "home"))
+
+    def script(prompt: str) -> str:
+        turn = prompt.count("<|im_start|>assistant") - 1
+        if turn == 0:
+            return _bash("cat /etc/hostname")
+        return "<tool_call>\n" + json.dumps({"name": "submit", "arguments": {}}) + "\n</tool_call>"
+
+    factory = SweEnvFactory(sandbox="docker", sandboxes=2, engines=engines, **LIMITS)
+    cfg = RolloutConfig(
+        env="swe", group_size=4, concurrency=4, max_turns=3, max_new_tokens=200, step_timeout=60
+    )
+    rows: list = []
+
+    async def sink(group):
+        rows.extend(group)
+
+    def containers_by_engine() -> dict[str, str]:
+        where = {}
+        for url in (MAIN_URL, engine_b.url):
+            client = docker.DockerClient(base_url=url, timeout=30)
+            try:
+                for c in client.containers.list(filters={"label": "arlctl.sandbox=1"}):
+                    where[c.id[:12]] = url
+            finally:
+                client.close()
+        return where
+
+    async def main():
+        try:
+            await rollout(
+                [load_suite_task("stockroom-001")],
+                ScriptedPolicy(tokenizer, "scripted", script),
+                factory,
+                cfg,
+                sink,
+                Stats(),
+            )
+            return await asyncio.to_thread(containers_by_engine)  # the pool's containers still run
+        finally:
+            await factory.aclose()
+
+    engine_of = asyncio.run(main())
+    assert [r.status for r in rows] == ["ok"] * 4
+    for row in rows:
+        info = row.env_info
+        assert info["sandbox"] == "docker" and info["image"] == IMAGE
+        assert info["container"] in row.turns[0].observation  # the container the agent's command ran in
+        assert engine_of[info["container"]] == info["engine"]  # ... held by the engine the row names
+    assert {r.env_info["engine"] for r in rows} == {MAIN_URL, engine_b.url}  # placed one per engine
+    path = write_shard(rows_to_table(rows), str(tmp_path / shard_name("rollout")), Lineage("rollout"))
+    stored = [json.loads(text) for text in read_shard(path).column("env_info").to_pylist()]
+    assert [s["engine"] for s in stored] == [r.env_info["engine"] for r in rows]
 
 
 # ---- arlctl sandbox prefetch --------------------------------------------------------------------

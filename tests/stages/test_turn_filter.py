@@ -170,5 +170,5 @@ def test_run_filter_reads_a_version_1_shard_in_turn_mode(tmp_path):
     summary = run_filter(str(tmp_path / "rewarded"), str(tmp_path / "batches"),
                          FilterConfig(adv="turn-mean", gamma=0.5), 0)
     batch = read_shard(scan(str(tmp_path / "batches")).shards[0])
-    assert summary["rows_kept"] == 2 and batch.column("schema_version").to_pylist() == [2, 2]
+    assert summary["rows_kept"] == 2 and batch.column("schema_version").to_pylist() == [3, 3]
     assert turn_advantages(batch) == [[-0.5, -1.0], [0.5, 1.0]]

@@ -7,7 +7,8 @@ Two action styles:
                           `echo SUBMIT` (or `submit`) ends the episode.
 The workspace is the task's one-commit snapshot (tasks.prepare_snapshot) in a sandbox leased from a warm
 pool (SweEnvFactory holds the pools of one run, shared by its envs); for an image task (docker only) the
-sandbox runs the task's image with the snapshot mounted over its repo_dir. Tool failures are
+sandbox runs the task's image with the snapshot mounted over its repo_dir. `env_info()` says where
+(the row's env_info: bwrap host, or docker engine and container). Tool failures are
 observations, never exceptions. On submit (and from `final_state()` when the loop ends otherwise) the
 episode's artifact is the diff of the workspace against the snapshot's commit, new files included,
 computed with a private git index so the agent's .git edits cannot hide it. A diff over `max_diff_bytes`
@@ -37,7 +38,7 @@ from arlctl.envs.swe.sandboxes import Lease, PoolProvider, Provider
 from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot, sandbox_options
 from arlctl.envs.swe.tools import HANDLERS
 from arlctl.errors import TerminalError, UsageError
-from arlctl.sandbox.base import SandboxError
+from arlctl.sandbox.base import SandboxError, placement_of
 from arlctl.tools.bash_blocks import parse_bash_blocks
 from arlctl.tools.hermes import parse_hermes
 from arlctl.tools.render import format_parse_error, format_tool_result
@@ -120,6 +121,7 @@ class SweEnv:
         self.tool_format = "hermes" if mode == "tools" else "bash"
         self.task: dict[str, Any] | None = None
         self.lease: Lease | None = None
+        self.placement: dict[str, Any] | None = None  # where this episode's sandbox runs (env_info)
         self.base_commit = ""
         self._private: PoolProvider | None = None  # made when no provider was given; closed by close()
 
@@ -140,12 +142,16 @@ class SweEnv:
         if not isinstance(task.get("problem_statement"), str):
             raise TerminalError(f"swe task {task.get('task_id')!r} has no problem_statement")
         await self._release()
-        self.final_state_truncated = None
+        self.final_state_truncated, self.placement = None, None
         # Image tasks (SWE-bench images) need the docker backend; this refuses them elsewhere, clearly.
         options = await asyncio.to_thread(sandbox_options, task, self.kind)
         snapshot = await asyncio.to_thread(prepare_snapshot, task)
         provider = self.provider or self._private_provider()
         self.lease = await (provider.acquire(snapshot, options) if options else provider.acquire(snapshot))
+        self.placement = placement_of(self.sandbox)
+        moves = list(getattr(self.lease, "moves", None) or [])
+        if moves:  # the pool gave up sandboxes (a dead engine, a failed health check) before this one
+            self.placement["replaced_from"] = moves
         self.task = task
         head = await self.sandbox.exec(_git("rev-parse HEAD"), timeout=self.command_timeout)
         self.base_commit = head.stdout.strip() or "HEAD"
@@ -186,6 +192,18 @@ class SweEnv:
             observations.append({"role": "user", "content": f"No action found: {hint}."})
         return StepResult(observations=observations, done=False, error="; ".join(errors) or None,
                           reward_step=step_reward)
+
+    def env_info(self) -> dict[str, Any] | None:
+        """Where this episode ran (the row's env_info): its sandbox's placement (bwrap: host; docker:
+        engine and container), `replaced_from` when the pool moved it off failed sandboxes first, and
+        `taint_reason` when the sandbox broke under the episode (its engine died, say). None before a
+        sandbox was leased. Kept after close(), so it can still be read for the row."""
+        self._note_taint()
+        return None if self.placement is None else dict(self.placement)
+
+    def _note_taint(self) -> None:
+        if self.lease is not None and self.placement is not None and self.lease.sandbox.tainted:
+            self.placement["taint_reason"] = self.lease.sandbox.taint_reason or "tainted"
 
     async def close(self) -> None:
         await self._release()
@@ -299,6 +317,7 @@ class SweEnv:
         return self._private
 
     async def _release(self) -> None:
+        self._note_taint()
         lease, self.lease = self.lease, None
         if lease is not None:
             await lease.release()

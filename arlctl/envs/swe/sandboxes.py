@@ -21,6 +21,9 @@ from arlctl.sandbox.pool import SandboxPool
 
 class Lease(Protocol):
     sandbox: Sandbox
+    # Sandboxes the pool gave up before this one (placement and cause; SandboxPool.acquire's `moves`).
+    # Optional: a provider whose leases have no `moves` reports none.
+    moves: list[dict[str, Any]]
 
     async def release(self) -> None: ...
 
@@ -33,8 +36,10 @@ class Provider(Protocol):
 
 
 class _PoolLease:
-    def __init__(self, sandbox: Sandbox, context: contextlib.AbstractAsyncContextManager, on_release=None):
+    def __init__(self, sandbox: Sandbox, context: contextlib.AbstractAsyncContextManager, on_release=None,
+                 moves: list[dict[str, Any]] | None = None):
         self.sandbox, self._context, self._on_release = sandbox, context, on_release
+        self.moves = moves if moves is not None else []
         self._released = False
 
     async def release(self) -> None:
@@ -49,9 +54,10 @@ class _PoolLease:
 
 
 async def lease_from(pool: SandboxPool, on_release=None) -> _PoolLease:
-    context = pool.acquire()
+    moves: list[dict[str, Any]] = []
+    context = pool.acquire(moves=moves)
     sandbox = await context.__aenter__()
-    return _PoolLease(sandbox, context, on_release)
+    return _PoolLease(sandbox, context, on_release, moves)
 
 
 class PoolProvider:
