@@ -8,12 +8,14 @@ in `--adv`: `group` (one advantage per trajectory, from the outcome) against `tu
 env's step rewards and the outcome). The curve is the mean outcome of each step's rollouts, measured before
 training on them; "steps to 0.9" is the number of optimizer steps before the first rollout at >= 0.9.
 
-Settings: lr 3e-2 (the first-token learning test's), 16 tasks x G = 8 per step, one token per turn, and
-gamma 0 for the turn arm (each turn's return is its own step reward, the outcome added at the last turn).
-The issue asked for >= 1.5x fewer steps; measured over seeds 0-3 it is less (docs/learning/turn_credit.md
-has every run, the curves and why), so this test asserts what was measured: over seeds 0 and 1 together
-turn credit needs fewer steps (21 against 27 here). Each request is generated alone, so reruns on one
-machine repeat the curves exactly. About 50 rollout + train steps: several minutes of CPU.
+Settings (docs/learning/turn_credit.md, "The 1.5x setting"): the rules `lower,letter` (turn 1 must start with
+a lower-case ASCII letter, turn 2 with any ASCII letter; the random model hits them 24% and 31% of the time, so
+the outcome starts near 0.07), 4 tasks x G = 8 per step, lr 1e-2, gamma 0 for the turn arm (each turn's return
+is its own step reward, the outcome added at the last turn), at most 40 steps. Measured over seeds 0-3 turn
+credit needed 53 steps against 89 (1.68x); over this test's seeds 0 and 1, 23 against 46. The test asserts the
+issue's bar on its seeds: turn credit reaches 0.9 in at least 1.5x fewer steps in total. Each request is
+generated alone, so reruns on one tree repeat the curves exactly (a change to the loop moves them: the docs
+record how much). About 70 small rollout + train steps: one to two minutes of CPU.
 """
 
 from __future__ import annotations
@@ -40,20 +42,25 @@ from arlctl.stages.rollout import RolloutConfig, rollout
 from arlctl.stages.train import load_model, lr_lambda, train_step
 
 # The settings both arms share; GAMMA is the turn arm's own (see the module docstring and the docs).
-TASKS_PER_STEP = 16
+TASKS_PER_STEP = 4
 GROUP_SIZE = 8
-LR = 3e-2
+LR = 1e-2
 GAMMA = 0.0
-MAX_STEPS = 30
+MAX_STEPS = 40
 TARGET = 0.9
 SEEDS = (0, 1)
+RULES = ("lower", "letter")
+SPEEDUP = 1.5  # the issue's bar: turn credit needs at most 1/1.5 of outcome-only credit's steps
 
 
 def run_arm(adv: str, seed: int, workdir: Path, max_steps: int = MAX_STEPS, lr: float = LR,
             group_size: int = GROUP_SIZE, tasks_per_step: int = TASKS_PER_STEP, gamma: float = GAMMA,
-            stop_at_target: bool = True, per_turn: list[dict[str, float]] | None = None) -> list[float]:
+            stop_at_target: bool = True, per_turn: list[dict[str, float]] | None = None,
+            rules: tuple[str, ...] | None = RULES) -> list[float]:
     """Mean outcome of each step's rollouts, for one arm; stops after the first at >= TARGET unless told not.
-    per_turn: if given, gets each step's share of replies that start right, per turn (the reward components)."""
+    per_turn: if given, gets each step's share of replies that start right, per turn (the reward components).
+    rules: the turns' first-character classes (the task option `rules=`, toy.FIRST_CHAR_RULES); None: the env's
+    default (space, then letter: the earlier measurements in the docs)."""
     torch.manual_seed(seed)
     start = tiny_model_dir()
     model = load_model(start)
@@ -76,13 +83,14 @@ def run_arm(adv: str, seed: int, workdir: Path, max_steps: int = MAX_STEPS, lr: 
             async def sink(group: list, rows: list = rows) -> None:
                 rows.extend(group)
 
-            tasks = toy._builtin_two({"n": str(tasks_per_step), "seed": str(step)})
+            options = {"n": str(tasks_per_step), "seed": str(step)} | ({"rules": ",".join(rules)} if rules else {})
+            tasks = toy._builtin_two(options)
             asyncio.run(rollout(tasks, policy, env_factory(toy.TWO_ENV_NAME), rollout_cfg, sink))
             table = reward_table(rows_to_table(rows), reward)
             curve.append(float(np.mean(table.column("reward").to_numpy())))
             if per_turn is not None:
                 parts = [dict(c) for c in table.column("reward_components").to_pylist()]
-                per_turn.append({name: float(np.mean([p[name] for p in parts])) for name, _ in toy.TURN_RULES})
+                per_turn.append({name: float(np.mean([p[name] for p in parts])) for name in parts[0]})
             if step == max_steps or (stop_at_target and curve[-1] >= TARGET):
                 break
             # 2. Filter (advantages) and one optimizer step; then the policy loads the new weights.
@@ -103,7 +111,7 @@ def steps_to_target(curve: list[float]) -> int | None:
 
 
 @pytest.mark.slow
-def test_turn_credit_reaches_the_target_in_fewer_steps(tmp_path):
+def test_turn_credit_reaches_the_target_in_at_least_1_5x_fewer_steps(tmp_path):
     curves = {adv: {seed: run_arm(adv, seed, tmp_path / f"{adv}-{seed}") for seed in SEEDS} for adv in ("turn", "group")}
     # An arm that never gets there within MAX_STEPS counts as MAX_STEPS + 1 steps (a lower bound for it).
     steps = {adv: {seed: steps_to_target(c) for seed, c in by_seed.items()} for adv, by_seed in curves.items()}
@@ -113,4 +121,4 @@ def test_turn_credit_reaches_the_target_in_fewer_steps(tmp_path):
     if os.environ.get("ARLCTL_TURN_CREDIT_OUT"):
         Path(os.environ["ARLCTL_TURN_CREDIT_OUT"]).write_text(json.dumps(report))
     assert all(n is not None for n in steps["turn"].values()), report
-    assert total["turn"] < total["group"], report
+    assert total["turn"] * SPEEDUP <= total["group"], report
