@@ -3,6 +3,8 @@
   python benchmarks/rollout_scale.py                               # N = 256, 1024, 4096 x T=4 turns
   python benchmarks/rollout_scale.py --sizes 256,1024 --json
   python benchmarks/rollout_scale.py --sizes 4096 --profile /tmp/scale.prof   # cProfile of the rollout
+  python benchmarks/rollout_scale.py --codec            # per-turn ChatCodec work: shortcuts vs general path
+  python benchmarks/rollout_scale.py --sizes 1024 --codec-general   # the rollout on ChatCodec's general path
 
 For each N, N trajectories of T turns run through the real rollout (stages/rollout_job.run_rollout: the
 driver, the agent loop, the shard writer and the metrics row) with the `openai` backend against E fake
@@ -25,6 +27,12 @@ that grows with the number in flight. Each N runs in a fresh process, so its RSS
 Wall-time ratios need a core to spare: when the rollout process is CPU-bound (CPU/turn x turns near the
 bound), starting thousands of trajectories takes longer than the short ones live, and the peak in flight
 stays below N. The machine is shared: run it twice and read both.
+
+`--codec` measures the rollout's own per-turn token work instead: split_generation of the reply plus
+continuation of the observation, with ChatCodec's shortcuts (the compiled template, the Rust tokenizer)
+against the general path (`ChatCodec(fast=False)`: apply_chat_template and the tokenizer wrapper), both
+in the same run, rounds interleaved; it checks both give the same ids on every call. `--codec-general`
+runs the whole rollout with the shortcuts off, for CPU/turn before and after.
 """
 
 from __future__ import annotations
@@ -197,12 +205,51 @@ async def one_size(urls: list[str], n: int, args: argparse.Namespace, out_root: 
     }
 
 
+def codec_turns(rounds: int, calls: int) -> dict[str, Any]:
+    """Per-turn codec calls/s, shortcuts vs the general path, on LatencyEnv's observation and on longer,
+    distinct tool outputs (a real env's); ids compared on every call."""
+    from transformers import AutoTokenizer
+
+    from arlctl.inference.scripted import end_of_message_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir()), local_files_only=True)
+    reply = (tokenizer(REPLY, add_special_tokens=False)["input_ids"] * 2)[:15] + end_of_message_ids(tokenizer)
+    codecs = {"general": ChatCodec(tokenizer, fast=False), "shortcuts": ChatCodec(tokenizer)}
+    workloads = {
+        "latency-env": [[{"role": "tool", "name": "work", "content": "ok"}]] * calls,
+        "tool-output": [[{"role": "tool", "name": "bash", "tool_call_id": f"call{i:04d}",
+                          "content": f"$ pytest -q tests/test_{i}.py\n" + f"line {i}: assert x == {i}\n" * 12}]
+                        for i in range(calls)],
+    }
+    out: dict[str, Any] = {"rounds": rounds, "calls": calls}
+    for name, observations in workloads.items():
+        seconds: dict[str, list[float]] = {kind: [] for kind in codecs}
+        ids: dict[str, list[list[int]]] = {}
+        for _ in range(rounds):
+            for kind, codec in codecs.items():  # interleaved, so load drifts hit both alike
+                got = []
+                t = time.perf_counter()
+                for obs in observations:
+                    _text, glue = codec.split_generation(reply)
+                    got.append(codec.continuation(glue, obs).ids)
+                seconds[kind].append(time.perf_counter() - t)
+                ids[kind] = got
+        if ids["general"] != ids["shortcuts"]:
+            raise RuntimeError(f"{name}: the shortcuts changed the continuation ids")
+        rate = {kind: calls / statistics.median(values) for kind, values in seconds.items()}
+        out[name] = {"general_per_s": round(rate["general"]), "shortcuts_per_s": round(rate["shortcuts"]),
+                     "speedup": round(rate["shortcuts"] / rate["general"], 2)}
+    return out
+
+
 def run_child(n: int, urls: list[str], reply_ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """Measure one N in its own process (same options); the fleet is shared."""
     argv = [sys.executable, __file__, "--child", "--sizes", str(n), "--urls", json.dumps(urls),
             "--reply-ids", json.dumps(reply_ids), "--backend", args.backend, "--turns", str(args.turns),
             "--tokens", str(args.tokens), "--per-token-ms", str(args.per_token_ms), "--mean", str(args.mean),
             "--sigma", str(args.sigma), "--flush-groups", str(args.flush_groups), "--seed", str(args.seed)]
+    if args.codec_general:
+        argv.append("--codec-general")
     if args.profile and n == max(args.sizes):
         argv += ["--profile", args.profile]
     done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
@@ -212,7 +259,8 @@ def run_child(n: int, urls: list[str], reply_ids: list[int], args: argparse.Name
 def report(out: dict[str, Any]) -> str:
     c = out["config"]
     lines = [
-        f"rollout scale ({c['backend']}): T={c['turns']} turns x K={c['tokens']} tokens, {c['engines']} fake engines at "
+        f"rollout scale ({c['backend']}, codec {c.get('codec', 'shortcuts')}): T={c['turns']} turns x "
+        f"K={c['tokens']} tokens, {c['engines']} fake engines at "
         f"{c['per_token_ms']} ms/token, tool latency lognormal mean {c['mean']} s sigma {c['sigma']}",
         f"{'N':>6}{'wall s':>9}{'bound s':>9}{'x bound':>9}{'lag p99':>9}{'lag max':>9}{'in flight':>10}"
         f"{'RSS/traj':>10}{'CPU/turn':>10}{'CPU x':>7}{'RSS x':>7}{'GC max':>9}",
@@ -249,6 +297,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default=None, help="write a cProfile of the largest N's rollout here")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--codec", action="store_true",
+                        help="only measure per-turn ChatCodec calls/s, shortcuts vs general path")
+    parser.add_argument("--codec-calls", type=int, default=2000, help="turns per --codec round")
+    parser.add_argument("--codec-general", action="store_true",
+                        help="run the rollout with ChatCodec's shortcuts off (the general path)")
     parser.add_argument("--serve-fleet", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--reply-ids", default="[]", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -258,7 +311,17 @@ def main() -> None:
         serve_fleet(args.serve_fleet, json.loads(args.reply_ids), args.per_token_ms / 1000)
         return
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.codec:
+        result = codec_turns(rounds=5, calls=args.codec_calls)
+        for name in ("latency-env", "tool-output"):
+            r = result[name]
+            print(f"codec per turn ({name}): general path {r['general_per_s']}/s, shortcuts "
+                  f"{r['shortcuts_per_s']}/s: x{r['speedup']:.2f} (same ids on every call)", file=sys.stderr)
+        if args.json:
+            print(json.dumps(result))
+        return
     if args.child:  # one N in a fresh process, so its RSS and CPU are its own: JSON on stdout
+        ChatCodec.shortcuts = not args.codec_general
         with tempfile.TemporaryDirectory(prefix="rollout-scale-") as tmp:
             print(json.dumps(asyncio.run(one_size(json.loads(args.urls), args.sizes[0], args, tmp))))
         return
@@ -278,6 +341,7 @@ def main() -> None:
             fleet.stdin.close()  # type: ignore[union-attr]
             fleet.wait(timeout=30)
     out = {"config": {"backend": args.backend, "turns": args.turns, "tokens": args.tokens, "engines": args.engines,
+                      "codec": "general" if args.codec_general else "shortcuts",
                       "per_token_ms": args.per_token_ms, "mean": args.mean, "sigma": args.sigma,
                       "seed": args.seed}, "sizes": sizes}
     print(report(out), file=sys.stderr)
