@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -292,18 +293,21 @@ async def main() -> None:
     limits = {"memory_mb": 512, "pids": 128, "disk_mb": 256}
     snapshot = _snapshot()
     rows = []
-    for kind in [k for k in args.backends.split(",") if k and k != "none"]:
-        if kind == "docker" and not _docker_ok():
-            continue
-        print(f"[bench] {kind} ...", file=sys.stderr)
-        n = args.n if kind != "docker" else max(20, args.n // 4)
-        rows.append(await bench_backend(kind, snapshot, n, limits, args.execs_per_lease))
     lease_row = None
-    if args.leases:
-        print(f"[bench] {args.leases} leases over {len(args.docker_host)} engine(s) ...", file=sys.stderr)
-        lease_row = await bench_leases(
-            args.docker_host, args.leases, snapshot, {"memory_mb": 256, "pids": 64, "disk_mb": 64}
-        )
+    try:
+        for kind in [k for k in args.backends.split(",") if k and k != "none"]:
+            if kind == "docker" and not _docker_ok():
+                continue
+            print(f"[bench] {kind} ...", file=sys.stderr)
+            n = args.n if kind != "docker" else max(20, args.n // 4)
+            rows.append(await bench_backend(kind, snapshot, n, limits, args.execs_per_lease))
+        if args.leases:
+            print(f"[bench] {args.leases} leases over {len(args.docker_host)} engine(s) ...", file=sys.stderr)
+            lease_row = await bench_leases(
+                args.docker_host, args.leases, snapshot, {"memory_mb": 256, "pids": 64, "disk_mb": 64}
+            )
+    finally:
+        shutil.rmtree(snapshot, ignore_errors=True)  # a temporary directory of this run
     if args.json:
         for r in rows + ([lease_row] if lease_row else []):
             print(json.dumps(r))

@@ -9,18 +9,25 @@ cannot ptrace it or read its file descriptors.
 
 Requests: {"op": "exec", "argv": [...], "timeout": s, "stdin": b64|null, "max_output": n, "cwd": path}
           {"op": "ping"}. Replies are JSON with base64 stdout/stderr.
+
+It starts once per lease (every lease gets a fresh sandbox) and runs every command of a trajectory, so
+both paths are kept short: no module that pulls in `re` at start (json and base64 do; the JSON C
+accelerator and binascii are used instead, checked against known output, with json as the fallback),
+and each command is one posix_spawn and one poll loop over its pipes and a pidfd, with no threads.
+Descriptors: anything inherited at start beyond 0-2 is closed then; every descriptor the server opens
+later is close-on-exec, and a command gets only its own stdin, stdout and stderr.
 """
 
-import base64
-import json
 import os
 import select
 import signal
 import struct
-import subprocess
 import sys
-import threading
 import time
+from binascii import a2b_base64, b2a_base64
+
+_CHUNK = 1 << 16
+_DEVNULL = -1  # opened in main()
 
 
 def _no_dump():
@@ -30,6 +37,49 @@ def _no_dump():
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except Exception:
         pass
+
+
+def _json_codec():
+    """(loads, dumps) as json's own, from the C accelerator json uses, without importing json."""
+    sample = {"a": [1, -2.5, True, False, None, "\u00e9\n\"\\\x00"], "b": {}}
+    text = '{"a": [1, -2.5, true, false, null, "\\u00e9\\n\\"\\\\\\u0000"], "b": {}}'
+    try:
+        import _json
+
+        class Options:
+            strict, object_hook, object_pairs_hook = True, None, None
+            parse_float, parse_int = float, int
+            parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+            memo = {}
+
+        scan = _json.make_scanner(Options)
+        encode = _json.make_encoder(None, _unserializable, _json.encode_basestring_ascii, None, ": ", ", ",
+                                    False, False, True)
+
+        def loads(data):
+            s = data.decode("utf-8").strip(" \t\n\r")
+            try:
+                obj, end = scan(s, 0)
+            except StopIteration:
+                raise ValueError("request is not JSON") from None
+            if end != len(s):
+                raise ValueError("extra data after the JSON request")
+            return obj
+
+        def dumps(obj):
+            return "".join(encode(obj, 0)).encode()
+
+        if dumps(sample) == text.encode() and loads(text.encode()) == sample:
+            return loads, dumps
+    except Exception:
+        pass
+    import json
+
+    return json.loads, lambda obj: json.dumps(obj).encode()
+
+
+def _unserializable(obj):
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def _read_exact(fd, n):
@@ -42,38 +92,30 @@ def _read_exact(fd, n):
     return buf
 
 
-def _send(obj):
-    data = json.dumps(obj).encode()
-    os.write(1, struct.pack(">I", len(data)) + data)
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
-def _drain(stream, limit, out):
-    """Keep the first `limit` bytes, read and drop the rest so the writer never blocks."""
-    kept = []
-    size = 0
-    total = 0
-    while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-        if not chunk:
-            break
-        total += len(chunk)
-        if size < limit:
-            kept.append(chunk[: limit - size])
-            size += len(kept[-1])
-    out.append((b"".join(kept), total > limit))
-
-
-def _feed(stream, data):
+def _close_inherited():
+    """Close every descriptor above stderr that came with the process, and make sure 0-2 are open (a
+    pipe created later must never land on one of them)."""
     try:
-        if data:
-            stream.write(data)
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     except OSError:
-        pass
-    finally:
+        fds = range(3, 1024)
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for fd in (0, 1, 2):
         try:
-            stream.close()
+            os.fstat(fd)
         except OSError:
-            pass
+            os.dup2(os.open(os.devnull, os.O_RDWR), fd)
 
 
 def _kill_others():
@@ -94,94 +136,198 @@ def _reap():
             return
 
 
-def _wait_exit(pid, timeout):
-    """True when pid exited within timeout. Popen.wait(timeout) polls with growing sleeps, which adds
-    up to half a command's run time to its latency; a pidfd wakes us the moment the process exits."""
+def _spawn(argv, cwd, stdin_fd, out_fd, err_fd):
+    """Start argv (searched on PATH) in cwd with the three descriptors as its 0, 1, 2."""
+    home = os.getcwd() if cwd else None
+    if cwd:
+        os.chdir(cwd)  # a relative argv[0] resolves in cwd, as with subprocess's cwd=
     try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-            time.sleep(0.001)
-        return False
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
+        actions = [(os.POSIX_SPAWN_DUP2, stdin_fd, 0), (os.POSIX_SPAWN_DUP2, out_fd, 1),
+                   (os.POSIX_SPAWN_DUP2, err_fd, 2)]
+        # SIGPIPE and SIGXFSZ are ignored here (Python's start, and this server's own choice for SIGPIPE);
+        # the command gets their defaults, as subprocess's restore_signals gives.
+        return os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions,
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except OSError as e:
+        if e.filename is None:  # name the program, as subprocess does
+            raise OSError(e.errno, e.strerror, argv[0]) from None
+        raise
     finally:
-        os.close(fd)
+        if home is not None:
+            os.chdir(home)
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _end(pid, timed_out):
+    """The command's wait status; on a timeout it is killed first. Then everything else in the sandbox."""
+    if timed_out:
+        _kill_others()
+    status = os.waitpid(pid, 0)[1]
+    _kill_others()  # whatever the command left behind (daemons, background jobs) dies with it
+    return status
+
+
+def _collect(pid, out_r, err_r, stdin_w, stdin, limit, deadline):
+    """Serve the command's pipes until it exits or the deadline passes, then read both pipes to their end
+    (every writer is dead by then). A pidfd wakes the loop the moment the command exits; without one
+    (an old kernel) it looks every 5 ms. Returns (wait status, timed_out, (kept, total) per stream)."""
+    kept, size, total = {out_r: [], err_r: []}, {out_r: 0, err_r: 0}, {out_r: 0, err_r: 0}
+    poller = select.poll()
+    for fd in (out_r, err_r):
+        poller.register(fd, select.POLLIN)
+    fed = 0
+    if stdin_w is not None:
+        os.set_blocking(stdin_w, False)
+        poller.register(stdin_w, select.POLLOUT)
+    pidfd = _pidfd(pid)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    open_pipes, status, timed_out = 2, None, False
+    try:
+        while True:
+            wait_ms = None
+            if status is None:
+                left = deadline - time.monotonic()
+                if pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                    status = _end(pid, False)
+                elif left <= 0:
+                    timed_out = True
+                    status = _end(pid, True)
+                else:
+                    wait_ms = min(left, 0.005 if pidfd is None else left) * 1000 + 1
+            if status is not None:  # only the output pipes are served from here on
+                for fd in (stdin_w, pidfd):
+                    if fd is not None:
+                        poller.unregister(fd)
+                        os.close(fd)
+                stdin_w = pidfd = None
+                if not open_pipes:
+                    break
+            for fd, _events in poller.poll(wait_ms):
+                if fd == pidfd:
+                    status = _end(pid, False)
+                    break  # the top of the loop stops serving stdin and the pidfd
+                elif fd == stdin_w:
+                    try:
+                        fed += os.write(stdin_w, stdin[fed : fed + _CHUNK])
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the command closed its stdin: the rest is not wanted
+                        fed = len(stdin)
+                    if fed >= len(stdin):
+                        poller.unregister(stdin_w)
+                        os.close(stdin_w)
+                        stdin_w = None
+                elif fd in kept:
+                    chunk = os.read(fd, _CHUNK)
+                    if not chunk:
+                        poller.unregister(fd)
+                        open_pipes -= 1
+                        continue
+                    total[fd] += len(chunk)
+                    if size[fd] < limit:
+                        kept[fd].append(chunk[: limit - size[fd]])
+                        size[fd] += len(kept[fd][-1])
+    finally:
+        for fd in (stdin_w, pidfd):
+            if fd is not None:
+                os.close(fd)
+    return status, timed_out, [(b"".join(kept[fd]), total[fd]) for fd in (out_r, err_r)]
+
+
+def _exit_code(status):
+    """subprocess's returncode: the exit status, or minus the signal that ended the process."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _b64(data):
+    return b2a_base64(data, newline=False).decode("ascii")
 
 
 def _run(req):
     started = time.monotonic()
-    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else None
+    stdin = a2b_base64(req["stdin"]) if req.get("stdin") else None
     limit = int(req.get("max_output", 1 << 20))
+    deadline = started + float(req.get("timeout", 30.0))
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    stdin_r, stdin_w = os.pipe() if stdin is not None else (None, None)
     try:
-        proc = subprocess.Popen(
-            req["argv"],
-            cwd=req.get("cwd") or None,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            close_fds=True,
+        try:
+            argv = req["argv"]
+            pid = _spawn(argv, req.get("cwd") or None, _DEVNULL if stdin_r is None else stdin_r, out_w, err_w)
+        except (OSError, ValueError, TypeError, IndexError) as e:
+            if stdin_w is not None:
+                os.close(stdin_w)
+            return {
+                "exit": 127,
+                "stdout": "",
+                "stderr": _b64(str(e).encode()),
+                "timed_out": False,
+                "truncated": False,
+                "duration": time.monotonic() - started,
+            }
+        finally:
+            for fd in (out_w, err_w, stdin_r):  # the command holds its own copies
+                if fd is not None:
+                    os.close(fd)
+        status, timed_out, ((out, out_total), (err, err_total)) = _collect(
+            pid, out_r, err_r, stdin_w, stdin, limit, deadline
         )
-    except OSError as e:
-        return {
-            "exit": 127,
-            "stdout": "",
-            "stderr": base64.b64encode(str(e).encode()).decode(),
-            "timed_out": False,
-            "truncated": False,
-            "duration": time.monotonic() - started,
-        }
-    outs, errs = [], []
-    threads = [
-        threading.Thread(target=_drain, args=(proc.stdout, limit, outs), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stderr, limit, errs), daemon=True),
-    ]
-    if stdin is not None:
-        threads.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
-    for t in threads:
-        t.start()
-    timed_out = not _wait_exit(proc.pid, float(req.get("timeout", 30.0)))
-    if timed_out:
-        _kill_others()
-    code = proc.wait()
-    # Whatever the command left behind (daemons, background jobs) dies with it.
-    _kill_others()
-    for t in threads:
-        t.join()
+    finally:
+        os.close(out_r)
+        os.close(err_r)
     _reap()
-    (out, out_trunc), (err, err_trunc) = outs[0], errs[0]
     return {
-        "exit": 124 if timed_out else code,
-        "stdout": base64.b64encode(out).decode(),
-        "stderr": base64.b64encode(err).decode(),
+        "exit": 124 if timed_out else _exit_code(status),
+        "stdout": _b64(out),
+        "stderr": _b64(err),
         "timed_out": timed_out,
-        "truncated": out_trunc or err_trunc,
+        "truncated": out_total > limit or err_total > limit,
         "duration": time.monotonic() - started,
     }
 
 
 def main():
+    global _DEVNULL
     _no_dump()
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    _send({"ready": True, "pid": os.getpid()})
-    while True:
-        header = _read_exact(0, 4)
-        if header is None:
-            return 0
-        body = _read_exact(0, struct.unpack(">I", header)[0])
-        if body is None:
-            return 0
-        req = json.loads(body)
-        _reap()
-        if req.get("op") == "ping":
-            _send({"ok": True})
-        elif req.get("op") == "exec":
-            _send(_run(req))
-        else:
-            _send({"error": "unknown op"})
+    _close_inherited()
+    # A write to a pipe whose reader is gone fails with EPIPE instead of killing the server: a command
+    # that exits without reading all its stdin must not take the server down. When the host itself is
+    # gone (fd 1 broken), the server exits.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _DEVNULL = os.open(os.devnull, os.O_RDONLY)
+    loads, dumps = _json_codec()
+
+    def send(obj):
+        data = dumps(obj)
+        _write_all(1, struct.pack(">I", len(data)) + data)
+
+    try:
+        send({"ready": True, "pid": os.getpid()})
+        while True:
+            header = _read_exact(0, 4)
+            if header is None:
+                return 0
+            body = _read_exact(0, struct.unpack(">I", header)[0])
+            if body is None:
+                return 0
+            req = loads(body)
+            _reap()
+            if req.get("op") == "ping":
+                send({"ok": True})
+            elif req.get("op") == "exec":
+                send(_run(req))
+            else:
+                send({"error": "unknown op"})
+    except BrokenPipeError:
+        return 0
 
 
 if __name__ == "__main__":
