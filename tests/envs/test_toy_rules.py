@@ -9,7 +9,7 @@ import pytest
 
 from arlctl.envs import toy
 from arlctl.envs.base import Action
-from arlctl.envs.registry import env_factory, get_reward, make_env
+from arlctl.envs.registry import get_reward, make_env
 from arlctl.envs.tasks import load_tasks
 from arlctl.errors import UsageError
 
@@ -70,24 +70,11 @@ def test_bad_rules_are_refused_before_any_rollout():
 
 
 def test_a_rollout_carries_the_tasks_rules_to_the_step_rewards_and_the_reward():
-    from arlctl.inference.hf import HFPolicy
-    from arlctl.models import tiny_model_dir
     from arlctl.schemas.rows import rows_to_table
     from arlctl.stages.reward import reward_table
-    from arlctl.stages.rollout import RolloutConfig, rollout
+    from tests.stages.test_turn_toy_env import roll_two_first_tokens
 
-    policy = HFPolicy(tiny_model_dir())
-    rows: list = []
-
-    async def sink(group):
-        rows.extend(group)
-
-    cfg = RolloutConfig(env=toy.TWO_ENV_NAME, group_size=4, max_turns=2, max_new_tokens=1, seed=0)
-    tasks = toy._builtin_two({"n": "2", "seed": "0", "rules": "upper,lower"})
-    try:
-        asyncio.run(rollout(tasks, policy, env_factory(toy.TWO_ENV_NAME), cfg, sink))
-    finally:
-        asyncio.run(policy.close())
+    rows = roll_two_first_tokens(toy._builtin_two({"n": "2", "seed": "0", "rules": "upper,lower"}), group_size=4)
     table = reward_table(rows_to_table(rows), get_reward(toy.TWO_ENV_NAME))
     assert table.num_rows == 8
     for row, parts, reward in zip(rows, table.column("reward_components").to_pylist(),

@@ -49,7 +49,8 @@ def test_an_episode_cut_after_one_turn_scores_zero_and_a_third_step_is_refused()
         score('{"a": 1}', {}, "")
 
 
-def test_rollout_records_both_turns_with_their_step_rewards():
+def roll_two_first_tokens(tasks: list, group_size: int) -> list:
+    """The tiny model's rows of `two-first-tokens` tasks through the real rollout driver (one token a turn)."""
     from arlctl.inference.hf import HFPolicy
     from arlctl.models import tiny_model_dir
 
@@ -59,12 +60,16 @@ def test_rollout_records_both_turns_with_their_step_rewards():
     async def sink(group):
         rows.extend(group)
 
-    cfg = RolloutConfig(env=toy.TWO_ENV_NAME, group_size=2, max_turns=2, max_new_tokens=1, seed=0)
-    tasks = toy._builtin_two({"n": "2", "seed": "0"})
+    cfg = RolloutConfig(env=toy.TWO_ENV_NAME, group_size=group_size, max_turns=2, max_new_tokens=1, seed=0)
     try:
         asyncio.run(rollout(tasks, policy, env_factory(toy.TWO_ENV_NAME), cfg, sink))
     finally:
         asyncio.run(policy.close())
+    return rows
+
+
+def test_rollout_records_both_turns_with_their_step_rewards():
+    rows = roll_two_first_tokens(toy._builtin_two({"n": "2", "seed": "0"}), group_size=2)
     assert len(rows) == 4 and {r.status for r in rows} == {"ok"}
     for row in rows:
         assert [t.gen_len for t in row.turns] == [1, 1]  # one sampled token per turn
