@@ -1,12 +1,17 @@
-"""Run *inside* a reused docker sandbox between leases: empty what a lease can write, then prove it.
+"""Run *inside* a reused sandbox between leases: empty what a lease can write, then prove it.
 
-Stdlib only (passed to `python3 -I -S -c`, argv[1:] = the directories to empty: workspace and /tmp).
-It SIGKILLs every process but the exec server (pid 1) and its own ancestors, empties the given
-directories plus /dev/shm and /dev/mqueue (chmod'ing a locked directory open first), removes every SysV
-shared memory segment, semaphore set and message queue of the container's IPC namespace, and then checks
-all of it again: leftover processes (zombies aside), entries in those directories, IPC objects, and any
-other writable mount. The last stdout line is JSON {"clean": bool, "left": [what was found]}; the
-backend throws the container away rather than reuse it when it is not clean.
+Stdlib only. Two ways in: the docker backend passes this file to `python3 -I -S -c` (argv[1:] = the
+directories to empty: workspace and /tmp; the last stdout line is the JSON verdict), and the bwrap exec
+server imports it and calls `scrub(dirs)` in its own process (no interpreter start per reset).
+
+It SIGKILLs every process but the exec server, its ancestors and pid 1, empties the given directories
+plus /dev/shm and /dev/mqueue (chmod'ing a locked directory open first), removes every SysV shared
+memory segment, semaphore set and message queue of the IPC namespace, clears the session, user,
+user-session and persistent keyrings of the user namespace (where the kernel lets a sandbox reach them:
+docker's default seccomp profile denies the key syscalls, so no key can exist there), and then checks
+all of it again: leftover processes (zombies aside), entries in those directories, IPC objects, keys,
+and any other writable mount. The verdict is {"clean": bool, "left": [what was found]}; the backend
+throws the sandbox away (docker) or relaunches it (bwrap) rather than reuse it when it is not clean.
 """
 
 import json
@@ -116,6 +121,51 @@ def remove_ipc():
         subprocess.run(["ipcrm", "--all"], capture_output=True)
 
 
+# keyctl(2) operations and the special keyring ids (linux/keyctl.h); syscall numbers per architecture.
+_KEYCTL_GET_PERSISTENT, _KEYCTL_CLEAR, _KEYCTL_READ = 22, 7, 11
+_KEYRINGS = {"session": -3, "user": -4, "user-session": -5}
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 130, "s390x": 280}
+
+
+def _keyrings(libc, number):
+    """{name: keyring id} of the keyrings a lease could leave keys in; the persistent one is made on
+    the way when missing (an empty keyring: harmless), so it is cleared and checked like the others."""
+    import ctypes
+
+    # Linked into the session keyring (a destination is required), which is cleared after it.
+    persistent = libc.syscall(number, ctypes.c_long(_KEYCTL_GET_PERSISTENT), ctypes.c_long(-1), ctypes.c_long(-3))
+    return {**({"persistent": persistent} if persistent >= 0 else {}), **_KEYRINGS}
+
+
+def _key_call(libc, number, *args):
+    import ctypes
+
+    result = libc.syscall(number, *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    return result, ctypes.get_errno()
+
+
+def clear_keyrings():
+    """Clear every reachable keyring, then the names of the ones still holding keys (or unreadable
+    for another reason than the key syscalls being unavailable: that would hide a key)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        number = _SYS_KEYCTL[os.uname().machine]
+    except (OSError, KeyError, ImportError):
+        return []  # no ctypes or an unknown architecture: the key syscalls are not reachable from here
+    left = []
+    buf = ctypes.create_string_buffer(4096)
+    for name, ring in _keyrings(libc, number).items():
+        _key_call(libc, number, _KEYCTL_CLEAR, ring)
+        size, errno = _key_call(libc, number, _KEYCTL_READ, ring, buf, 4096)
+        if size > 0:
+            left.append(f"keyring {name} holds {size // 4} key(s)")
+        elif size < 0 and errno not in (1, 2, 38, 126):  # EPERM/ENOSYS (seccomp), ENOENT, ENOKEY: none
+            left.append(f"keyring {name} unreadable (errno {errno})")
+    return left
+
+
 def _writable_mounts(cleared):
     """Mount points this uid can write to, other than the ones emptied here."""
     found = []
@@ -141,8 +191,9 @@ def _writable_mounts(cleared):
     return found
 
 
-def main():
-    tops = [os.path.realpath(p) for p in sys.argv[1:]] + list(_SPECIAL)
+def scrub(dirs):
+    """Empty `dirs` and everything else a lease can write, then check it all: {"clean", "left"}."""
+    tops = [os.path.realpath(p) for p in dirs] + list(_SPECIAL)
     kill_strays()
     for top in tops:
         empty_dir(top)
@@ -152,8 +203,13 @@ def main():
         if os.path.isdir(top):
             left += [f"{top}/{name}" for name in os.listdir(top)]
     left += [f"sysv {kind} {i}" for kind in _IPC_KINDS for i in _ipc_ids(kind)]
+    left += clear_keyrings()
     left += _writable_mounts(set(tops))
-    print(json.dumps({"clean": not left, "left": left[:20]}))
+    return {"clean": not left, "left": left[:20]}
+
+
+def main():
+    print(json.dumps(scrub(sys.argv[1:])))
     return 0
 
 

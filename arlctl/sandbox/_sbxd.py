@@ -8,10 +8,11 @@ pid 1 in the docker backend) and marks itself non-dumpable, so sandboxed code ru
 cannot ptrace it or read its file descriptors.
 
 Requests: {"op": "exec", "argv": [...], "timeout": s, "stdin": b64|null, "max_output": n, "cwd": path}
-          {"op": "ping"}. Replies are JSON with base64 stdout/stderr.
+          {"op": "ping"}, {"op": "scrub", "dirs": [...]} (between leases: _lease_reset.scrub, whose
+          verdict {"clean", "left"} is the reply). Exec replies are JSON with base64 stdout/stderr.
 
-It starts once per lease (every lease gets a fresh sandbox) and runs every command of a trajectory, so
-both paths are kept short: no module that pulls in `re` at start (json and base64 do; the JSON C
+It starts with the sandbox, runs every command of a trajectory, and in the bwrap backend serves lease
+after lease (scrubbed in between), so start and exec are both kept short: no module that pulls in `re` at start (json and base64 do; the JSON C
 accelerator and binascii are used instead, checked against known output, with json as the fallback),
 and each command is one posix_spawn and one poll loop over its pipes and a pidfd, with no threads.
 Descriptors: anything inherited at start beyond 0-2 is closed then; every descriptor the server opens
@@ -31,12 +32,32 @@ _DEVNULL = -1  # opened in main()
 
 
 def _no_dump():
+    """Non-dumpable, and on a session keyring of its own: commands inherit it, so they never possess
+    the host's session keyring (a login session's keys) even when the host process had one."""
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        libc = ctypes.CDLL(None)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        number = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 130, "s390x": 280}.get(os.uname().machine)
+        if number is not None:  # KEYCTL_JOIN_SESSION_KEYRING = 1, NULL name: a new anonymous keyring
+            libc.syscall(number, ctypes.c_long(1), ctypes.c_void_p(None))
     except Exception:
         pass
+
+
+def _scrub(req):
+    """Between leases: empty what the last lease could write and prove it (_lease_reset.py, bound
+    beside this file). Runs in this process: no interpreter start per reset."""
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        try:
+            import _lease_reset
+        finally:
+            del sys.path[0]
+        return _lease_reset.scrub([str(d) for d in req.get("dirs") or []])
+    except Exception as e:  # the host relaunches a sandbox it cannot prove clean
+        return {"clean": False, "left": [f"scrub failed: {type(e).__name__}: {e}"]}
 
 
 def _json_codec():
@@ -324,6 +345,8 @@ def main():
                 send({"ok": True})
             elif req.get("op") == "exec":
                 send(_run(req))
+            elif req.get("op") == "scrub":
+                send(_scrub(req))
             else:
                 send({"error": "unknown op"})
     except BrokenPipeError:

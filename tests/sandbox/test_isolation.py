@@ -7,7 +7,9 @@ what one lease can leave for the next (bwrap and docker), task snapshots, and th
 - root's sweep of stale sandboxes acts only on real directories it created: a symlink or a foreign
   entry planted in the root never gets a mount detached or a file removed through it.
 - A warm sandbox handed to the next lease holds nothing of the last one: /dev/shm, /dev, /tmp, SysV
-  shm / semaphores / message queues, POSIX message queues, processes.
+  shm / semaphores / message queues, POSIX message queues, processes, keys in the session, user,
+  user-session and persistent keyrings. bwrap proves it with an in-place scrub, relaunches when the
+  scrub finds anything it cannot empty, and never lets a command possess the host's session keyring.
 - A task's repo_snapshot is read only from allowed bases; /root, /etc and links into them are refused
   with a one-line cause before anything there is opened, and a rollout records such a row as env_error.
 - scrub_log bounds what is kept from a sandbox's output and removes keys and host paths.
@@ -260,6 +262,32 @@ _MQ = (
     "print('mq', mq_open(sys.argv[1].encode(), flags, 0o600, None))\n"
 )
 
+# Keys via the raw syscalls (no keyutils in the sandbox): `add` puts one key in each keyring, `list`
+# prints the descriptions of every key the session, user, user-session and persistent keyrings hold.
+_KEYS = (
+    "import ctypes, os, struct, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "NR = {'x86_64': (248, 250), 'aarch64': (217, 219)}[os.uname().machine]\n"
+    "L = ctypes.c_long\n"
+    "def kc(*a):\n"
+    "    return libc.syscall(NR[1], *(L(x) if isinstance(x, int) else x for x in a))\n"
+    "pers = kc(22, -1, -3)\n"
+    "rings = {'session': -3, 'user': -4, 'user-session': -5, 'persistent': pers}\n"
+    "if sys.argv[1] == 'add':\n"
+    "    for name, ring in rings.items():\n"
+    "        key = libc.syscall(NR[0], b'user', (sys.argv[2] + '-' + name).encode(), b'secret', 6, L(ring))\n"
+    "        print(name, 'added' if key > 0 else f'refused errno {ctypes.get_errno()}')\n"
+    "found = []\n"
+    "for name, ring in rings.items():\n"
+    "    buf = ctypes.create_string_buffer(4096)\n"
+    "    n = kc(11, ring, buf, 4096)\n"
+    "    for i in range(max(n, 0) // 4):\n"
+    "        d = ctypes.create_string_buffer(512)\n"
+    "        kc(6, struct.unpack_from('i', buf.raw, 4 * i)[0], d, 512)\n"
+    "        found.append(d.value.decode().rsplit(';', 1)[-1])\n"
+    "print('keys', sorted(k for k in found if not k.startswith(('_', '.'))))\n"
+)
+
 _FINDINGS = (
     "import json, os, sys\n"
     "marker = sys.argv[1] + '-' + sys.argv[2]\n"  # never whole on this command line
@@ -303,17 +331,21 @@ def test_nothing_of_one_lease_reaches_the_next(backend, pool_factory):
                 first_sandbox = sb
                 planted = await sb.exec(["/bin/sh", "-c", _first_lease_script(marker)], timeout=30)
                 queue_made = await sb.exec(["python3", "-c", _MQ, queue, "create"], timeout=30)
+                keys_made = await sb.exec(["python3", "-c", _KEYS, "add", marker], timeout=30)
             await pool.drain()
             assert processes_with(marker) == [], "a lease-1 process is still running on the host"
             async with pool.acquire() as sb:
                 assert sb is first_sandbox, "the pool must reuse (reset) the warm sandbox"
                 found = await sb.exec(["python3", "-c", _FINDINGS, part1, part2], timeout=30)
                 queue_after = await sb.exec(["python3", "-c", _MQ, queue, "open"], timeout=30)
+                keys_after = await sb.exec(["python3", "-c", _KEYS, "list", marker], timeout=30)
             await pool.drain()
             assert pool.stats().replacements == 0
-            return planted, queue_made, found, queue_after
+            if backend == "bwrap":  # the cheap path did it: scrubbed in place, not relaunched
+                assert first_sandbox.resets == {"scrubbed": 2, "relaunched": 0}, first_sandbox.last_scrub_left
+            return planted, queue_made, found, queue_after, keys_made, keys_after
 
-    planted, queue_made, found, queue_after = run(scenario())
+    planted, queue_made, found, queue_after, keys_made, keys_after = run(scenario())
     # Lease 1 really planted everything (or the test would prove nothing).
     assert planted.exit_code == 0, planted
     assert f"leak-{marker}" in planted.stdout and planted.stdout.split()[-1] == "3", planted
@@ -323,6 +355,84 @@ def test_nothing_of_one_lease_reaches_the_next(backend, pool_factory):
         "dev_shm": [], "dev": [], "tmp": [], "sysv": {"shm": [], "sem": [], "msg": []}, "procs": []
     }
     assert queue_after.stdout.strip() == "mq -1", "a POSIX message queue survived into the next lease"
+    if backend == "bwrap":  # (docker's default seccomp profile refuses the key syscalls outright)
+        assert keys_made.stdout.count(" added") == 4, keys_made
+        assert f"'{marker}-user'" in keys_made.stdout.splitlines()[-1], keys_made  # listed while planted
+    assert keys_after.stdout.strip().splitlines()[-1] == "keys []", keys_after
+
+
+def test_a_scrub_that_cannot_prove_the_sandbox_clean_relaunches_it(bwrap_kind, pool_factory):
+    """The bwrap scrub told to empty only the workspace finds /tmp writable and not emptied: the sandbox
+    is relaunched (new namespaces) instead of reused, the cause is kept, and the next lease sees nothing."""
+    async def scenario():
+        async with pool_factory(bwrap_kind) as pool:
+            async with pool.acquire() as sb:
+                sb.scrub_dirs = [sb.workdir]  # an incomplete scrub, as a bug in it would be
+                before = await sb.exec("echo $PPID; echo x > /dev/shm/left; ipcmk -M 4096 >/dev/null", timeout=10)
+            await pool.drain()
+            async with pool.acquire() as again:
+                after = await again.exec("echo $PPID; ls -A /dev/shm /tmp; grep -vc key /proc/sysvipc/shm", timeout=10)
+            await pool.drain()
+            return sb, again, before, after
+
+    sb, again, before, after = run(scenario())
+    assert again is sb and sb.resets == {"scrubbed": 0, "relaunched": 2}  # after each of the two leases
+    assert sb.last_scrub_left == ["writable mount /tmp"]
+    # bwrap is pid 1 and the exec server pid 2 in a fresh pid namespace: the same numbers, new namespace.
+    assert after.stdout.split() == [before.stdout.split()[0], "/dev/shm:", "/tmp:", "0"], after
+
+
+def test_fresh_namespaces_relaunches_at_every_reset(bwrap_kind, pool_factory):
+    """`fresh_namespaces=True` trades the cheap scrub for new namespaces each lease: pid numbers start
+    again (a scrubbed sandbox's carry on), and the relaunch count says which path ran."""
+    script = "sleep 0 & wait; echo $!"  # the pid a new process gets
+
+    async def leases(fresh: bool):
+        async with pool_factory(bwrap_kind, fresh_namespaces=fresh) as pool:
+            pids = []
+            for _ in range(3):
+                async with pool.acquire() as sb:
+                    pids.append(int((await sb.exec(script, timeout=10)).stdout))
+                await pool.drain()
+            return sb.resets, pids
+
+    fresh_resets, fresh_pids = run(leases(True))
+    kept_resets, kept_pids = run(leases(False))
+    assert fresh_resets == {"scrubbed": 0, "relaunched": 3} and len(set(fresh_pids)) == 1, fresh_pids
+    assert kept_resets == {"scrubbed": 3, "relaunched": 0} and kept_pids == sorted(set(kept_pids)), kept_pids
+
+
+_HOST_SESSION_KEY = """
+import asyncio, ctypes, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+L = ctypes.c_long
+assert libc.syscall(250, L(1), b"arlctl-test-login-session") > 0     # join a named session keyring
+key = libc.syscall(248, b"user", b"host-login-secret", b"hunter2", 7, L(-3))
+assert key > 0, ctypes.get_errno()
+from arlctl.sandbox import make_sandbox
+
+async def main():
+    sb = await make_sandbox("bwrap", None, **json.loads(sys.argv[2]))
+    try:
+        return await sb.exec(["python3", "-c", sys.argv[1], "list", "x"], timeout=30)
+    finally:
+        await sb.close()
+
+r = asyncio.run(main())
+print(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "exit": r.exit_code}))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe uses x86_64 syscall numbers")
+def test_commands_never_possess_the_host_session_keyring(bwrap_kind):
+    """A host process in a login session (a session keyring holding a key) starts a sandbox: the command
+    inside lists every keyring it possesses and finds none of the host's keys."""
+    out = subprocess.run([sys.executable, "-c", _HOST_SESSION_KEY, _KEYS, json.dumps(LIMITS)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["exit"] == 0, result
+    assert result["stdout"].strip().splitlines()[-1] == "keys []", result
 
 
 def test_bwrap_dev_is_read_only_and_dev_shm_is_usable(bwrap_kind, pool_factory):
