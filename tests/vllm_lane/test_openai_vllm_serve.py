@@ -97,6 +97,54 @@ async def _trajectory(policy, prompt, turns, obs):
     return seen, ids, gens
 
 
+def _cache_counters(url: str) -> tuple[float, float]:
+    """(hit tokens, queried tokens) read straight from a server's /metrics, summed over label sets."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+
+
+def test_prefix_cache_hit_rate_scraped_from_real_metrics(servers, model_dir):
+    """The fleet's /metrics scrape reads vLLM's real prefix-cache counters: multi-turn trajectories reuse
+    their prefix, so the rate is above zero, and it equals the counters' own delta over the window."""
+    urls = [u for u, _ in servers]
+    policy = OpenAIPolicy(urls, str(model_dir), name="policy", metrics_every_s=0.0)
+    tok = policy.tokenizer
+    obs = tok("\nobservation: ok\n", add_special_tokens=False)["input_ids"]
+    # Long enough (~400 tokens) to fill whole KV blocks (128 tokens on the CPU backend): only those are cached.
+    notes = " ".join(f"note {k}: keep the answer short." for k in range(40))
+    prompts = [chat_prompt(tok, f"Cache question {i}: {notes} Name a colour that starts with {c}.")
+               for i, c in enumerate("RGBY")]
+
+    async def go():
+        await policy.refresh()  # the window starts at this scrape
+        before = {u: _cache_counters(u) for u in urls}
+        await asyncio.gather(*(_trajectory(policy, p, 3, obs) for p in prompts))
+        await asyncio.sleep(1.0)  # the engine publishes its stats shortly after a step; let them settle
+        await policy.refresh()
+        after = {u: _cache_counters(u) for u in urls}
+        row = policy.metrics()
+        await policy.close()
+        return before, after, row
+
+    before, after, row = asyncio.run(go())
+    rates = []
+    for engine in policy.servers:
+        prefix = f"engine[{engine.label}]."
+        assert row[prefix + "prefix_cache_reported"] == 1, row  # vLLM exports the counters
+        hits = after[engine.url][0] - before[engine.url][0]
+        queries = after[engine.url][1] - before[engine.url][1]
+        if queries > 0:  # this engine served turns in the window
+            assert row[prefix + "prefix_cache_hit_rate"] == pytest.approx(hits / queries, abs=1e-9)
+            rates.append(hits / queries)
+    assert rates and max(rates) > 0, (before, after)  # later turns hit the cached prefix of earlier ones
+    assert row["servers"][urls[0]]["prefix_cache_hit_rate"] != "not reported"
+
+
 def test_sticky_routing_exactness_reload_and_failover(servers, model_dir, reference, tmp_path):
     urls = [u for u, _ in servers]
     policy = OpenAIPolicy(urls, str(model_dir), name="policy", backoff_s=0.1, down_s=60)
