@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from arlctl.envs.base import Action, Env, EnvFailure, StepResult, env_info
-from arlctl.inference.base import Generation, Policy, SamplingParams
+from arlctl.inference.base import Generation, Policy, SamplingParams, route_key
 from arlctl.inference.chat import ChatCodec, Segment
 from arlctl.schemas.builder import TrajectoryBuilder
 from arlctl.schemas.rows import TrajectoryRow
@@ -309,6 +309,9 @@ async def run_trajectory(traj: Trajectory, policy: Policy, env: Env, codec: Chat
     """One episode, start to finish. Bounded by cfg; every fault ends up recorded in the row."""
     row = traj.row
     row.env_version = as_text(env.version) or ""
+    # Sticky routing by trajectory (this task's context only): a fleet sends every turn of this attempt
+    # to the engine that holds its prefix without hashing the context each turn.
+    route_key.set(f"{row.group_id}/{row.sample_index}/{traj.attempt}")
     try:
         # Reset may wait for a free sandbox, so it gets the trajectory's budget, not a step's.
         reset = await asyncio.wait_for(env.reset(traj.task), cfg.trajectory_timeout)

@@ -10,6 +10,8 @@ so an env can take everything it needs from this one module.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -186,9 +188,23 @@ def as_env(obj: Any) -> Env:
     if missing:
         raise UsageError(f"a {type(obj).__name__} without {', '.join(missing)} is not an env",
                          hint="an env factory returns an object with async reset, step and close (README)")
-    if isinstance(obj, Env):  # runtime_checkable: every member present
+    if type(obj) in _FULL_ENV_TYPES or isinstance(obj, Env):  # runtime_checkable: every member present
+        if all(hasattr(type(obj), member) for member in _env_members()):
+            _FULL_ENV_TYPES.add(type(obj))  # its class alone has them all: its next instances skip the check
         return obj
     return _AdaptedEnv(obj)
+
+
+# Classes whose every instance is a full Env; a runtime Protocol check costs ~0.1 ms, once per trajectory.
+_FULL_ENV_TYPES: set[type] = set()
+
+
+@functools.cache
+def _env_members() -> tuple[str, ...]:
+    import typing
+
+    names = getattr(Env, "__protocol_attrs__", None) or typing._get_protocol_attrs(Env)  # 3.12+ / 3.11
+    return tuple(sorted(names))
 
 
 __all__ = ["Action", "Env", "EnvFactory", "EnvFailure", "EnvInfo", "EnvReset", "ParseError", "StepResult",

@@ -7,8 +7,14 @@ generate/reload/close (a test double, an out-of-tree backend) the defaults for t
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+# The trajectory a generate call belongs to, set by the agent loop in each trajectory's task (contextvars
+# are per task): a fleet backend routes every turn with one key to the engine holding its KV prefix,
+# in O(1), however long the context (arlctl/inference/openai.py; other backends ignore it).
+route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("arlctl_route_key", default=None)
 
 
 @dataclass(frozen=True)

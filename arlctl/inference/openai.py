@@ -18,8 +18,8 @@ answer's `meta_info.output_token_logprobs` holds (logprob, token id, text) per s
 
 Routing is sticky per trajectory, to keep its KV prefix cached on one engine: a trajectory's first turn
 goes to the least-loaded active engine, later turns to the same one. A trajectory is recognised either
-by an explicit key (`route_key.set("traj-id")` in the trajectory's task; contextvars are per task) or,
-without one, by token continuity itself: a later turn's prompt starts with the exact ids of an earlier
+by an explicit key (`route_key.set("traj-id")` in the trajectory's task, as the agent loop does; O(1)
+per turn) or, without one (other callers), by token continuity itself: a later turn's prompt starts with the exact ids of an earlier
 request plus its generated ids, so we remember a prefix hash of each (prompt + generated) sequence and
 look up the longest remembered prefix of a new prompt (one O(n) rolling-hash pass per request).
 
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import random
@@ -51,16 +50,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arlctl.errors import TerminalError, TransientError, UsageError
-from arlctl.inference.base import Generation, SamplingParams
+from arlctl.inference.base import Generation, SamplingParams, route_key
 from arlctl.inference.fleet import Fleet, Server, base_url
 from arlctl.inference.sampling_check import check_sampling
 from arlctl.io.fs import basename, is_remote
 from arlctl.io.ledger import parse_version
 
 log = logging.getLogger("arlctl.fleet")
-
-# Set per trajectory task for explicit sticky routing (optional; prefix matching works without it).
-route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("arlctl_route_key", default=None)
 
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
