@@ -5,6 +5,7 @@
   python benchmarks/rollout_scale.py --sizes 4096 --profile /tmp/scale.prof   # cProfile of the rollout
   python benchmarks/rollout_scale.py --codec            # per-turn ChatCodec work: shortcuts vs general path
   python benchmarks/rollout_scale.py --sizes 1024 --codec-general   # the rollout on ChatCodec's general path
+  python benchmarks/rollout_scale.py --sizes 4096 --workers 2       # N split over 2 rollout processes
 
 For each N, N trajectories of T turns run through the real rollout (stages/rollout_job.run_rollout: the
 driver, the agent loop, the shard writer and the metrics row) with the `openai` backend against E fake
@@ -27,6 +28,11 @@ that grows with the number in flight. Each N runs in a fresh process, so its RSS
 Wall-time ratios need a core to spare: when the rollout process is CPU-bound (CPU/turn x turns near the
 bound), starting thousands of trajectories takes longer than the short ones live, and the peak in flight
 stays below N. The machine is shared: run it twice and read both.
+
+`--workers W` splits each N over W rollout processes the way `arlctl rollout --worker I/W` does (by task
+id), started together once all are loaded; the wall time runs from the common start to the last one's end,
+against the same bound. Lag and RSS/traj are the worst worker's, CPU/turn is over all of them, and
+"in flight" is the sum of the workers' peaks.
 
 `--codec` measures the rollout's own per-turn token work instead: split_generation of the reply plus
 continuation of the observation, with ChatCodec's shortcuts (the compiled template, the Rust tokenizer)
@@ -53,6 +59,7 @@ import numpy as np
 from arlctl.inference.base import SamplingParams
 from arlctl.inference.chat import ChatCodec
 from arlctl.inference.openai import OpenAIPolicy
+from arlctl.io.partition import owns
 from arlctl.models import tiny_model_dir
 from arlctl.stages.agent_loop import RolloutConfig
 from arlctl.stages.rollout_job import EnvPicker, RolloutJob, run_rollout
@@ -167,14 +174,24 @@ async def one_size(urls: list[str], n: int, args: argparse.Namespace, out_root: 
     # engine known to it (its /v1/models read), so the rollout starts on a warm fleet.
     policy = make_policy(urls, args)
     prompt = ChatCodec(policy.tokenizer).prompt([{"role": "user", "content": "Job 0: start working."}], []).ids
-    single = await gen_single_turn_s(policy, prompt, args.tokens)
-    full = await gen_full_batch_s(policy, prompt, n, args.turns, args.tokens)
-    bound = lower_bound(latencies, full, single)
-
-    cfg = RolloutConfig(env=ENV, group_size=1, concurrency=n, max_turns=args.turns, max_new_tokens=args.tokens,
-                        max_tokens=1 << 20, max_context=1 << 20, step_timeout=float(latencies.max()) + 60.0,
-                        trajectory_timeout=1e6, seed=args.seed)
-    tasks = latency_tasks(n)
+    if args.worker_index:  # workers 1.. start after worker 0 calibrated alone: its bound is the one used
+        bound = {"bound_s": 0.0}
+    else:
+        single = await gen_single_turn_s(policy, prompt, args.tokens)
+        full = await gen_full_batch_s(policy, prompt, n, args.turns, args.tokens)
+        bound = lower_bound(latencies, full, single)
+    if args.worker_index is not None:  # calibrated; now roll out this worker's share from the common start
+        await policy.close()
+        policy = make_policy(urls, args)
+        await gen_single_turn_s(policy, prompt, args.tokens, calls=3)  # warm: the engines are known to it
+        tasks = [t for t in latency_tasks(n) if owns(t["task_id"], args.worker_index, args.workers)]
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    else:
+        tasks = latency_tasks(n)
+    cfg = RolloutConfig(env=ENV, group_size=1, concurrency=len(tasks), max_turns=args.turns,
+                        max_new_tokens=args.tokens, max_tokens=1 << 20, max_context=1 << 20,
+                        step_timeout=float(latencies.max()) + 60.0, trajectory_timeout=1e6, seed=args.seed)
     envs = EnvPicker({"turns": args.turns, "mean": args.mean, "sigma": args.sigma, "seed": args.seed})
     envs.check(tasks, ENV)
     out = str(Path(out_root) / f"n{n}" / "rollouts")
@@ -185,16 +202,16 @@ async def one_size(urls: list[str], n: int, args: argparse.Namespace, out_root: 
 
         profiler = cProfile.Profile()
         profiler.enable()
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     result = await run_rollout(job, policy, asyncio.Event(), log=lambda line: None)
-    wall = time.perf_counter() - start
+    wall, ended_at = time.perf_counter() - start, time.time()
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
-    if result.rows_written != n or result.status.get("ok", 0) != n:
+    if result.rows_written != len(tasks) or result.status.get("ok", 0) != len(tasks):
         raise RuntimeError(f"N={n}: {result.rows_written} rows, statuses {result.status}: {result.last_error}")
     return {
-        "n": n, "wall_s": round(wall, 3), "ratio_to_bound": round(wall / bound["bound_s"], 4),
+        "n": n, "started_at": started_at, "ended_at": ended_at, "wall_s": round(wall, 3), "ratio_to_bound": round(wall / bound["bound_s"], 4) if bound["bound_s"] else None,
         **{k: round(v, 4) for k, v in bound.items()},
         "loop_lag_p50_ms": result.loop_lag_p50_ms, "loop_lag_p99_ms": result.loop_lag_p99_ms,
         "loop_lag_max_ms": result.loop_lag_max_ms, "peak_in_flight": result.peak_in_flight,
@@ -242,8 +259,45 @@ def codec_turns(rounds: int, calls: int) -> dict[str, Any]:
     return out
 
 
-def run_child(n: int, urls: list[str], reply_ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
-    """Measure one N in its own process (same options); the fleet is shared."""
+def run_workers(n: int, urls: list[str], reply_ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """One N over args.workers processes, started together once every one is loaded and calibrated."""
+    def start(i: int) -> subprocess.Popen:
+        return subprocess.Popen(child_argv(n, urls, reply_ids, args) + ["--worker-index", str(i)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ready(proc: subprocess.Popen) -> None:
+        if proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise RuntimeError("a rollout worker did not start")
+
+    procs = [start(0)]
+    ready(procs[0])  # worker 0 measures the bound's generation terms alone, before the others start
+    procs += [start(i) for i in range(1, args.workers)]
+    for proc in procs[1:]:
+        ready(proc)
+    for proc in procs:
+        proc.stdin.write("go\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+    parts = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"a rollout worker failed (exit {proc.returncode})")
+        parts.append(json.loads(out.strip().splitlines()[-1]))
+    wall = max(p["ended_at"] for p in parts) - min(p["started_at"] for p in parts)
+    turns, cpu = sum(p["turns"] for p in parts), sum(p["cpu_s"] for p in parts)
+    bound = parts[0]["bound_s"]
+    worst = max(parts, key=lambda p: p["loop_lag_p99_ms"])
+    calibration = {k: parts[0][k] for k in ("gen_full_batch_s", "critical_path_s", "gen_single_turn_s")}
+    return {**worst, **calibration, "n": n, "workers": args.workers, "wall_s": round(wall, 3), "bound_s": bound,
+            "ratio_to_bound": round(wall / bound, 4), "turns": turns, "cpu_s": round(cpu, 3),
+            "cpu_per_turn_ms": round(1000 * cpu / max(turns, 1), 4),
+            "peak_in_flight": sum(p["peak_in_flight"] for p in parts),
+            "rss_per_trajectory_kb": max(p["rss_per_trajectory_kb"] for p in parts),
+            "loop_lag_max_ms": max(p["loop_lag_max_ms"] for p in parts),
+            "gc_pause_max_ms": max(p["gc_pause_max_ms"] for p in parts)}
+
+
+def child_argv(n: int, urls: list[str], reply_ids: list[int], args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, __file__, "--child", "--sizes", str(n), "--urls", json.dumps(urls),
             "--reply-ids", json.dumps(reply_ids), "--backend", args.backend, "--turns", str(args.turns),
             "--tokens", str(args.tokens), "--per-token-ms", str(args.per_token_ms), "--mean", str(args.mean),
@@ -252,6 +306,16 @@ def run_child(n: int, urls: list[str], reply_ids: list[int], args: argparse.Name
         argv.append("--codec-general")
     if args.profile and n == max(args.sizes):
         argv += ["--profile", args.profile]
+    if args.workers > 1:
+        argv += ["--workers", str(args.workers)]
+    return argv
+
+
+def run_child(n: int, urls: list[str], reply_ids: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """Measure one N in its own process (same options); the fleet is shared."""
+    if args.workers > 1:
+        return run_workers(n, urls, reply_ids, args)
+    argv = child_argv(n, urls, reply_ids, args)
     done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -259,7 +323,8 @@ def run_child(n: int, urls: list[str], reply_ids: list[int], args: argparse.Name
 def report(out: dict[str, Any]) -> str:
     c = out["config"]
     lines = [
-        f"rollout scale ({c['backend']}, codec {c.get('codec', 'shortcuts')}): T={c['turns']} turns x "
+        f"rollout scale ({c['backend']}, codec {c.get('codec', 'shortcuts')}, {c.get('workers', 1)} rollout "
+        f"process(es)): T={c['turns']} turns x "
         f"K={c['tokens']} tokens, {c['engines']} fake engines at "
         f"{c['per_token_ms']} ms/token, tool latency lognormal mean {c['mean']} s sigma {c['sigma']}",
         f"{'N':>6}{'wall s':>9}{'bound s':>9}{'x bound':>9}{'lag p99':>9}{'lag max':>9}{'in flight':>10}"
@@ -295,6 +360,9 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the tool latency")
     parser.add_argument("--flush-groups", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="rollout processes per N, each with its share of the tasks (rollout --worker I/W)")
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--profile", default=None, help="write a cProfile of the largest N's rollout here")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--codec", action="store_true",
@@ -341,7 +409,7 @@ def main() -> None:
             fleet.stdin.close()  # type: ignore[union-attr]
             fleet.wait(timeout=30)
     out = {"config": {"backend": args.backend, "turns": args.turns, "tokens": args.tokens, "engines": args.engines,
-                      "codec": "general" if args.codec_general else "shortcuts",
+                      "codec": "general" if args.codec_general else "shortcuts", "workers": args.workers,
                       "per_token_ms": args.per_token_ms, "mean": args.mean, "sigma": args.sigma,
                       "seed": args.seed}, "sizes": sizes}
     print(report(out), file=sys.stderr)

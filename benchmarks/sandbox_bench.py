@@ -10,8 +10,9 @@ with asyncio's subprocess from this process), because shared machines are noisy;
 compare. Goals (issue 5): warm acquire p50 <= 5 ms; exec overhead <= 10 ms over bare `python3 -c pass`.
 
 Pooled exec throughput (issue 19, goal >= 0.9x bare) is measured two ways: one exec per lease (every
-lease pays the reset that gives the next one fresh namespaces: a bwrap relaunch, timed on its own as
-`reset_p50_ms`) and `--execs-per-lease` execs per lease (a trajectory runs many commands per lease).
+lease pays the reset before the next: for bwrap the in-place scrub and the snapshot copied back, timed on
+its own as `reset_p50_ms`) and `--execs-per-lease` execs per lease (a trajectory runs many commands per
+lease).
 
 `--leases N` with two or more `--docker-host`s: a pool of N docker sandboxes spread over the engines;
 N leases held at the same time (acquire p50/p99), then a churn round (N users take 2 leases each back

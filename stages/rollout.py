@@ -46,12 +46,15 @@ __all__ = [
 
 GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
 
-# Starting trajectories is paced by the event loop: after every START_BURST starts the driver yields once.
+# Starting trajectories is paced by the event loop: after every START_BURST starts the driver yields.
 # A start costs real CPU (reset, prompt rendering, first request); thousands at once would put thousands of
 # first steps into one loop iteration and stall every timer and socket for seconds. Paced, each iteration
-# carries a few starts beside the turns of the trajectories already running, and starting still goes as
-# fast as the CPU allows.
+# carries a few starts beside the turns of the trajectories already running. While the loop is saturated
+# (an iteration took longer than START_BUSY_S), the driver waits for a quick one before starting more, at
+# most START_MAX_WAITS iterations: the turns in flight go first, so starting thousands never stalls them.
 START_BURST = 8
+START_BUSY_S = 0.005
+START_MAX_WAITS = 20
 
 
 EnvChooser = Callable[[str], Callable[[], Env]]  # env name -> factory (per-row `env`, --env-mix)
@@ -261,7 +264,7 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
         for task in task_list:
             if started_this_tick >= START_BURST:
                 started_this_tick = 0
-                await asyncio.sleep(0)
+                await _let_running_turns_go_first()
             if not await _acquire_or_stop(group_slots, stop):
                 break
             if before_group is not None and not await _until_or_stop(before_group(), stop):
@@ -280,6 +283,16 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     if sink_failures:
         raise sink_failures[0]
     return stats
+
+
+async def _let_running_turns_go_first() -> None:
+    """Yield one loop iteration, then more while iterations are slow (see START_BUSY_S)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(START_MAX_WAITS):
+        before = loop.time()
+        await asyncio.sleep(0)
+        if loop.time() - before < START_BUSY_S:
+            return
 
 
 async def _until_or_stop(awaitable: Awaitable[Any], stop: asyncio.Event,

@@ -167,3 +167,31 @@ def test_backpressure_reuses_a_recent_scan_and_stays_exact_for_its_own_commits(t
         assert reused["rollouts"] == fresh["rollouts"] == 6 and reused["in_flight"] == fresh["in_flight"] == 394
 
     asyncio.run(main())
+
+
+def test_starting_waits_while_the_loop_is_saturated_and_not_when_it_is_idle():
+    """The driver's yield between bursts of starts: one iteration on an idle loop; on a loop whose
+    iterations each take 8 ms of other work (turns in flight), it waits them out, up to its cap."""
+    from arlctl.stages.rollout import START_BUSY_S, START_MAX_WAITS, _let_running_turns_go_first
+
+    async def busy_iterations(before_quiet: int) -> int:
+        done = [0]
+
+        async def other_work() -> None:  # a turn in flight that holds the loop 8 ms per iteration
+            while done[0] < before_quiet:
+                time.sleep(0.008)
+                done[0] += 1
+                await asyncio.sleep(0)
+
+        worker = asyncio.ensure_future(other_work())
+        await asyncio.sleep(0)  # it has started
+        await _let_running_turns_go_first()
+        waited = done[0]
+        done[0] = before_quiet  # stop it
+        await worker
+        return waited
+
+    assert START_BUSY_S < 0.008
+    assert asyncio.run(busy_iterations(0)) == 0  # idle: back after one iteration
+    assert 5 <= asyncio.run(busy_iterations(5)) <= 6  # waits until the busy iterations end
+    assert asyncio.run(busy_iterations(10 * START_MAX_WAITS)) <= START_MAX_WAITS + 1  # never forever
