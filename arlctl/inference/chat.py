@@ -140,8 +140,8 @@ class ChatCodec:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
             self._backend = backend
-            probes = [self.encode_reference(text) for text in _encode_probes(self.tokenizer)]
-            if [self._encode_backend(text) for text in _encode_probes(self.tokenizer)] != probes:
+            texts = _encode_probes(self.tokenizer)
+            if [self._encode_backend(text) for text in texts] != [self.encode_reference(text) for text in texts]:
                 self._backend = None
             # decode() is the backend's decode where the tokenizer class keeps transformers' own
             # decode and _decode (asked not to clean up spaces, those only call the backend).
