@@ -11,7 +11,6 @@ so an env can take everything it needs from this one module.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
