@@ -254,7 +254,10 @@ class BwrapSandbox:
         argv += ["--proc", "/proc", "--dev", "/dev"]
         if _bwrap_help_has("--size"):
             argv += ["--size", str(self.disk_mb << 20)]
-        argv += ["--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue", "--remount-ro", "/dev"]
+        argv += ["--tmpfs", "/dev/shm"]
+        if _bwrap_help_has("--mqueue"):
+            argv += ["--mqueue", "/dev/mqueue"]
+        argv += ["--remount-ro", "/dev"]
         argv += ["--bind", str(self._ws), self.workdir, "--bind", str(self._tmp), "/tmp"]
         argv += ["--remount-ro", "/", "--chdir", self.workdir]
         env = {
@@ -428,7 +431,9 @@ class BwrapSandbox:
             if self._closed:
                 raise SandboxError("sandbox is closed")
             alive = self._proc is not None and self._proc.returncode is None
-            relaunch = self.tainted or not alive or (self._dirty and self.fresh_namespaces)
+            # Without /dev/mqueue (a bwrap too old for --mqueue) the scrub cannot see POSIX queues.
+            fresh = self.fresh_namespaces or not _bwrap_help_has("--mqueue")
+            relaunch = self.tainted or not alive or (self._dirty and fresh)
             if relaunch:  # the old namespaces die with the old bwrap, together with anything they held
                 self._kill_everything()
                 await self._wait_proc()

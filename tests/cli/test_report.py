@@ -158,7 +158,8 @@ def independent(run: str) -> dict:
                       sql(con, f"select sum(step_time_s) from {m}")[0][0])
     out["idle"] = sql(con, f"select sum(backend_idle_ratio * seconds) / sum(seconds) from {ro} "
                            "where backend_idle_ratio is not null")[0][0]  # the scripted rollout has no backend
-    out["latency"] = sql(con, f"""select count(*), avg(t.env_latency_s), median(t.env_latency_s),
+    # In double, as the page computes it: a median of float32 values averages the two middle ones in float32.
+    out["latency"] = sql(con, f"""select count(*), avg(t.env_latency_s), median(t.env_latency_s::double),
         max(t.env_latency_s) from {turns}""")[0]
     out["lengths"] = sql(con, f"select count(*), avg(response_tokens), max(response_tokens), avg(num_turns) from {r}")[0]
     out["train_last"] = dict(zip(("loss", "entropy", "grad_norm", "clip_frac_low", "tokens_per_s"), sql(con, f"""
