@@ -176,14 +176,12 @@ async def one_size(urls: list[str], n: int, args: argparse.Namespace, out_root: 
     prompt = ChatCodec(policy.tokenizer).prompt([{"role": "user", "content": "Job 0: start working."}], []).ids
     if args.worker_index:  # workers 1.. start after worker 0 calibrated alone: its bound is the one used
         bound = {"bound_s": 0.0}
+        await gen_single_turn_s(policy, prompt, args.tokens, calls=3)  # warm: the engines are known to it
     else:
         single = await gen_single_turn_s(policy, prompt, args.tokens)
         full = await gen_full_batch_s(policy, prompt, n, args.turns, args.tokens)
         bound = lower_bound(latencies, full, single)
-    if args.worker_index is not None:  # calibrated; now roll out this worker's share from the common start
-        await policy.close()
-        policy = make_policy(urls, args)
-        await gen_single_turn_s(policy, prompt, args.tokens, calls=3)  # warm: the engines are known to it
+    if args.worker_index is not None:  # this worker's share, from the common start
         tasks = [t for t in latency_tasks(n) if owns(t["task_id"], args.worker_index, args.workers)]
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
@@ -211,7 +209,8 @@ async def one_size(urls: list[str], n: int, args: argparse.Namespace, out_root: 
     if result.rows_written != len(tasks) or result.status.get("ok", 0) != len(tasks):
         raise RuntimeError(f"N={n}: {result.rows_written} rows, statuses {result.status}: {result.last_error}")
     return {
-        "n": n, "started_at": started_at, "ended_at": ended_at, "wall_s": round(wall, 3), "ratio_to_bound": round(wall / bound["bound_s"], 4) if bound["bound_s"] else None,
+        "n": n, "started_at": started_at, "ended_at": ended_at, "wall_s": round(wall, 3),
+        "ratio_to_bound": round(wall / bound["bound_s"], 4) if bound["bound_s"] else None,
         **{k: round(v, 4) for k, v in bound.items()},
         "loop_lag_p50_ms": result.loop_lag_p50_ms, "loop_lag_p99_ms": result.loop_lag_p99_ms,
         "loop_lag_max_ms": result.loop_lag_max_ms, "peak_in_flight": result.peak_in_flight,

@@ -187,7 +187,9 @@ def as_env(obj: Any) -> Env:
     if missing:
         raise UsageError(f"a {type(obj).__name__} without {', '.join(missing)} is not an env",
                          hint="an env factory returns an object with async reset, step and close (README)")
-    if type(obj) in _FULL_ENV_TYPES or isinstance(obj, Env):  # runtime_checkable: every member present
+    if type(obj) in _FULL_ENV_TYPES:
+        return obj
+    if isinstance(obj, Env):  # runtime_checkable: every member present
         if all(hasattr(type(obj), member) for member in _env_members()):
             _FULL_ENV_TYPES.add(type(obj))  # its class alone has them all: its next instances skip the check
         return obj

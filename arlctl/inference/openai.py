@@ -19,8 +19,8 @@ answer's `meta_info.output_token_logprobs` holds (logprob, token id, text) per s
 Routing is sticky per trajectory, to keep its KV prefix cached on one engine: a trajectory's first turn
 goes to the least-loaded active engine, later turns to the same one. A trajectory is recognised either
 by an explicit key (`route_key.set("traj-id")` in the trajectory's task, as the agent loop does; O(1)
-per turn) or, without one (other callers), by token continuity itself: a later turn's prompt starts with the exact ids of an earlier
-request plus its generated ids, so we remember a prefix hash of each (prompt + generated) sequence and
+per turn) or, without one (other callers), by token continuity itself: a later turn's prompt starts
+with the exact ids of an earlier request plus its generated ids, so we remember a prefix hash of each (prompt + generated) sequence and
 look up the longest remembered prefix of a new prompt (one O(n) rolling-hash pass per request).
 
 The fleet is elastic (arlctl/inference/fleet.py): with `servers_file` the list is re-read while running;

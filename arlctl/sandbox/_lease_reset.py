@@ -130,10 +130,8 @@ _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 130, "s
 def _keyrings(libc, number):
     """{name: keyring id} of the keyrings a lease could leave keys in; the persistent one is made on
     the way when missing (an empty keyring: harmless), so it is cleared and checked like the others."""
-    import ctypes
-
     # Linked into the session keyring (a destination is required), which is cleared after it.
-    persistent = libc.syscall(number, ctypes.c_long(_KEYCTL_GET_PERSISTENT), ctypes.c_long(-1), ctypes.c_long(-3))
+    persistent, _ = _key_call(libc, number, _KEYCTL_GET_PERSISTENT, -1, -3)
     return {**({"persistent": persistent} if persistent >= 0 else {}), **_KEYRINGS}
 
 

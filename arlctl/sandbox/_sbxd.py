@@ -12,9 +12,9 @@ Requests: {"op": "exec", "argv": [...], "timeout": s, "stdin": b64|null, "max_ou
           verdict {"clean", "left"} is the reply). Exec replies are JSON with base64 stdout/stderr.
 
 It starts with the sandbox, runs every command of a trajectory, and in the bwrap backend serves lease
-after lease (scrubbed in between), so start and exec are both kept short: no module that pulls in `re` at start (json and base64 do; the JSON C
-accelerator and binascii are used instead, checked against known output, with json as the fallback),
-and each command is one posix_spawn and one poll loop over its pipes and a pidfd, with no threads.
+after lease (scrubbed in between), so start and exec are both kept short: no module that pulls in `re`
+at start (json and base64 do; the JSON C accelerator and binascii are used instead, checked against
+known output, with json as the fallback), and each command is one posix_spawn and one poll loop over its pipes and a pidfd, with no threads.
 Descriptors: anything inherited at start beyond 0-2 is closed then; every descriptor the server opens
 later is close-on-exec, and a command gets only its own stdin, stdout and stderr.
 """
