@@ -23,6 +23,7 @@ PUBLISH_DTYPES = ("fp32", "bf16")
 PUBLISH_FORMATS = ("merged", "adapter")
 DEFAULT_KEEP_STATUS = ("ok",)
 NOTIFY_FLAVORS = ("vllm", "sglang")
+GAE_LEVELS = ("token", "turn")
 
 
 @dataclass
@@ -37,13 +38,45 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "Max gradient norm.")
     eps_low: float = setting(0.2, "PPO clip below: ratio >= 1 - eps_low.")
     eps_high: float = setting(0.2, "PPO clip above: ratio <= 1 + eps_high.")
-    tis_cap: float | None = setting(None, "Truncated importance-sampling cap.")
+    tis_cap: float | None = setting(None, "Rollout correction: the upper threshold of the importance weight "
+                                          "pi_trainer / pi_rollout (truncated there, or masked above it with "
+                                          "--is-mode mask). Unset: no correction.")
+    is_level: str = setting("token", "Rollout correction level: token (one weight per token) | sequence (the row's "
+                                     "likelihood ratio) | geometric (its per-token geometric mean). Needs --tis-cap.")
+    is_mode: str = setting("truncate", "Rollout correction: truncate (w = min(w, --tis-cap)) | mask (tokens, or rows "
+                                       "at the sequence levels, with w outside [--is-low, --tis-cap] leave the loss).")
+    is_low: float | None = setting(None, "Lower threshold of --is-mode mask (default 1 / --tis-cap).")
     kl_coef: float = setting(0.0, "k3 KL to the initial policy.")
-    loss_agg: str = setting("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean.")
-    loss: str = setting("ppo-clip", "ppo-clip: the clipped policy gradient on advantages (GRPO/PPO) | sft: "
-                                    "negative log-likelihood of the mask-1 tokens (a cold start on rows a filter "
-                                    "kept, e.g. --where 'reward = 1'); advantages and behaviour log-probs unused, "
-                                    "--loss-agg, row weights and --kl-coef apply.")
+    kl_in_reward: float = setting(0.0, "REINFORCE++ (batches filtered with --adv reinforce++): the KL to the initial "
+                                       "policy as a per-token reward penalty with this coefficient; the returns are "
+                                       "recomputed and batch-normalised per token.")
+    loss_agg: str = setting("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | "
+                                          "seq-mean-token-sum-norm (Dr. GRPO: sum / (sequences x --loss-norm-tokens)).")
+    loss_norm_tokens: int | None = setting(None, "The constant length L of seq-mean-token-sum-norm (default: the "
+                                                 "batch's longest trained response).")
+    loss: str = setting("ppo-clip", "ppo-clip: the clipped policy gradient on advantages (GRPO/PPO) | gspo: one "
+                                    "length-normalised ratio per sequence, clipped per sequence (needs --loss-agg "
+                                    "seq-mean-token-mean) | cispo: the clipped IS weight, detached, times log-prob "
+                                    "(clipped tokens keep a gradient) | sft: negative log-likelihood of the mask-1 "
+                                    "tokens (a cold start on rows a filter kept, e.g. --where 'reward = 1'); "
+                                    "advantages and behaviour log-probs unused, --loss-agg, row weights and "
+                                    "--kl-coef apply.")
+    value_coef: float = setting(0.0, "PPO with a critic: a value head on the policy, trained with this weight on its "
+                                     "loss; batches filtered with --adv gae get GAE advantages from it. 0: no critic.")
+    value_clip: float | None = setting(None, "Clip of the value loss: V stays within V_old +- this (unset: unclipped).")
+    gae_gamma: float = setting(1.0, "GAE discount gamma.")
+    gae_lambda: float = setting(1.0, "GAE lambda.")
+    gae_level: str = setting("token", "GAE steps: token (every sampled token) | turn (one step per assistant turn, "
+                                      "its value at the turn's first token, its step reward at its end).")
+    gae_whiten: bool = setting(True, "Normalise GAE advantages over the batch's trained tokens (mean 0, std 1).")
+    teacher: str | None = setting(None, "On-policy distillation: the teacher, a model directory (scored in this "
+                                        "process) or an engine URL (OpenAI-compatible completions with prompt "
+                                        "log-probs, e.g. vllm serve). Same tokenizer as the policy.")
+    distill_coef: float = setting(1.0, "Batches filtered with --adv distill: advantage += this x (teacher - "
+                                       "student) log-prob per token.")
+    distill_task_coef: float = setting(0.0, "Batches filtered with --adv distill: the weight of the task-reward "
+                                            "advantage filter wrote (0: distillation alone).")
+    teacher_kl_coef: float = setting(0.0, "k3 KL to the --teacher's log-probs as a loss term.")
     micro_tokens: int = setting(8192, "Padded tokens per micro-batch.")
     precision: str = setting("fp32", "fp32 | bf16: bf16 weights and compute with fp32 master weights and optimizer "
                                      "state (FSDP2: MixedPrecisionPolicy, fp32 gradient reduction).")
@@ -82,12 +115,16 @@ class TrainConfig:
         return torch.device(self.device)
 
     def check(self) -> None:
-        from arlctl.rl.losses import LOSS_AGG_MODES, LOSS_KINDS  # torch: import late
+        from arlctl.rl.losses import LOSS_AGG_FOR, LOSS_AGG_MODES, LOSS_KINDS  # torch: import late
 
         if self.loss_agg not in LOSS_AGG_MODES:
             raise UsageError(f"--loss-agg must be one of {', '.join(LOSS_AGG_MODES)}, not {self.loss_agg!r}")
         if self.loss not in LOSS_KINDS:
             raise UsageError(f"--loss must be one of {', '.join(LOSS_KINDS)}, not {self.loss!r}")
+        if self.loss in LOSS_AGG_FOR and self.loss_agg not in LOSS_AGG_FOR[self.loss]:
+            raise UsageError(f"--loss {self.loss} is defined over sequences, not with --loss-agg {self.loss_agg}",
+                             hint=f"use --loss-agg {' or '.join(LOSS_AGG_FOR[self.loss])}")
+        self._check_algorithms()
         if self.lr_schedule not in LR_SCHEDULES:
             raise UsageError(f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}")
         if self.precision not in PRECISIONS:
@@ -112,11 +149,46 @@ class TrainConfig:
             raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
         self._check_numbers()
 
+    def _check_algorithms(self) -> None:
+        """The rollout-correction, critic and teacher options: known names, and no option without what it needs."""
+        from arlctl.rl.correction import IS_LEVELS, IS_MODES
+
+        for flag, value, allowed in (("--is-level", self.is_level, IS_LEVELS), ("--is-mode", self.is_mode, IS_MODES),
+                                     ("--gae-level", self.gae_level, GAE_LEVELS)):
+            if value not in allowed:
+                raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+        if self.tis_cap is None and (self.is_level != "token" or self.is_mode != "truncate" or self.is_low is not None):
+            raise UsageError("--is-level, --is-mode and --is-low shape the rollout correction, which needs --tis-cap",
+                             hint="e.g. --tis-cap 2 --is-level sequence --is-mode mask")
+        if self.is_low is not None and not (math.isfinite(self.is_low) and 0 < self.is_low < (self.tis_cap or 0)):
+            raise UsageError(f"--is-low must be a number in (0, --tis-cap), not {self.is_low}")
+        if self.loss_norm_tokens is not None and self.loss_norm_tokens < 1:
+            raise UsageError(f"--loss-norm-tokens must be >= 1, not {self.loss_norm_tokens}")
+        if self.loss_norm_tokens is not None and self.loss_agg != "seq-mean-token-sum-norm":
+            raise UsageError("--loss-norm-tokens is the length of --loss-agg seq-mean-token-sum-norm")
+        for name, value in (("--gae-gamma", self.gae_gamma), ("--gae-lambda", self.gae_lambda)):
+            if not 0.0 <= value <= 1.0:  # NaN fails this too
+                raise UsageError(f"{name} must be in [0, 1], not {value}")
+        if self.value_clip is not None and not (math.isfinite(self.value_clip) and self.value_clip > 0):
+            raise UsageError(f"--value-clip must be a finite number > 0, not {self.value_clip}")
+        for name, value in (("--distill-coef", self.distill_coef), ("--distill-task-coef", self.distill_task_coef)):
+            if not math.isfinite(value):
+                raise UsageError(f"{name} must be a finite number, not {value}")
+        if self.teacher_kl_coef and self.teacher is None:
+            raise UsageError("--teacher-kl-coef needs a --teacher")
+        if self.loss == "sft" and (self.value_coef or self.teacher or self.kl_in_reward):
+            raise UsageError("--loss sft trains on no advantage: --value-coef, --teacher and --kl-in-reward do not apply")
+
+    def needs_reference(self) -> bool:
+        """The frozen initial policy is loaded for the KL loss term and for REINFORCE++'s KL reward."""
+        return bool(self.kl_coef or self.kl_in_reward)
+
     def _check_numbers(self) -> None:
         """Every float option is a finite number in its range: --lr inf would write inf weights."""
         at_least_zero = {"--lr": self.lr, "--weight-decay": self.weight_decay, "--eps-low": self.eps_low,
                          "--eps-high": self.eps_high, "--kl-coef": self.kl_coef, "--min-lr-ratio": self.min_lr_ratio,
-                         "--lag-decay": self.lag_decay}
+                         "--lag-decay": self.lag_decay, "--kl-in-reward": self.kl_in_reward,
+                         "--value-coef": self.value_coef, "--teacher-kl-coef": self.teacher_kl_coef}
         if self.lora_rank:
             at_least_zero["--lora-alpha"] = self.lora_alpha
         above_zero = {"--grad-clip": self.grad_clip, "--temperature": self.temperature}
@@ -134,7 +206,8 @@ class TrainConfig:
         from arlctl.rl.losses import LossConfig
 
         return LossConfig(eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=self.tis_cap,
-                          kl_coef=self.kl_coef, loss_agg=self.loss_agg, kind=self.loss)
+                          kl_coef=self.kl_coef, loss_agg=self.loss_agg, kind=self.loss, is_level=self.is_level,
+                          is_mode=self.is_mode, is_low=self.is_low, teacher_kl_coef=self.teacher_kl_coef)
 
 
 @dataclass
@@ -149,8 +222,10 @@ class FilterConfig:
     decay: float = setting(0.0, "weight = exp(-decay * lag).")
     where: str | None = setting(None, "DuckDB SQL predicate rows must satisfy.")
     max_pos_frac: float | None = setting(None, "Cap on positive-advantage weight share.")
-    adv: str = setting("group", "Advantages: group | group-mean | batch (one per trajectory, from the reward) | "
-                                "turn | turn-mean (one per turn, from step rewards and the reward; see --gamma).")
+    adv: str = setting("group", "Advantages: group | group-mean | dr-grpo | rloo | batch | reinforce++ (one per "
+                                "trajectory, from the reward) | turn | turn-mean (one per turn, from step rewards and "
+                                "the reward; see --gamma) | gae (train computes GAE from its critic: --value-coef) | "
+                                "distill (train adds the teacher's per-token advantage: --teacher).")
     gamma: float = setting(1.0, "Discount of the turn modes: R_t = r_t + gamma * R_{t+1}, R_last = r_last + reward.")
     batch_groups: int = setting(8, "Groups per batch shard (one optimizer step).")
     min_groups: int = setting(1, "Wait (consume nothing) until this many groups.")

@@ -15,7 +15,9 @@ recorded with its rule name so an audit can account for every trajectory:
   2. group_integrity  groups whose sample indices are not 0..n-1 in the input, or with fewer than
                       --min-group-size rows left after completeness (no baseline): whole groups only
   3. zero_variance    groups whose rewards are all equal (no learning signal; in the turn modes: whose
-                      returns are equal at every turn index); a seeded --keep-uniform fraction is kept
+                      returns are equal at every turn index); a seeded --keep-uniform fraction is kept.
+                      Not applied with --adv gae or distill: a critic's values or a teacher's log-probs
+                      give such a group's tokens advantages of their own
   4. duplicate        a repeated trajectory_id, or an action sequence whose tool-call n-gram Jaccard
                       similarity to an earlier row of its group is >= --dedupe-threshold
   5. staleness        lag = current policy version - row policy_version > --max-lag; kept rows get
@@ -47,6 +49,10 @@ and each turn's advantage is written to turns[].advantage (schema v2), which tra
 sampled tokens. The `advantage` column keeps its outcome meaning: the group (turn) or group-mean
 (turn-mean) advantage of the reward, exactly what --adv group / group-mean would write, so a reader that
 ignores turns[].advantage trains on outcomes only; the balance rule reads it too.
+
+Train-side estimators (--adv gae | distill): the `advantage` column holds the group advantage of the reward
+(the task signal; a placeholder under gae), and train, which reads the batch's filter configuration from its
+lineage, replaces it by GAE over its critic's values or adds the teacher's per-token advantage (stages/train.py).
 
 Exactly-once: a batch's lineage lists the input shards of its invocation and carries an invocation id
 and the number of parts. Inputs named in a batch's lineage are consumed. If a crash left an
@@ -93,6 +99,7 @@ from arlctl.io.shards import (
     write_table_atomic,
 )
 from arlctl.rl.advantages import (
+    TRAIN_SIDE_MODES,
     TURN_MODES,
     compute_advantages,
     group_ids_to_index,
@@ -247,7 +254,7 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
             uniform = uniform_per_turn([trajectory_returns(members[r], first, steps, reward[r], cfg.gamma) for r in leaders])
         else:
             uniform = np.ptp(reward[rows]) == 0
-        if uniform and _stable_fraction(gid, cfg.seed) >= cfg.keep_uniform:
+        if uniform and cfg.adv not in TRAIN_SIDE_MODES and _stable_fraction(gid, cfg.seed) >= cfg.keep_uniform:
             drop(rows, "zero_variance")
 
     # 4. duplicates: a repeated (trajectory_id, first turn index) anywhere (per-turn siblings differ in
@@ -349,7 +356,8 @@ def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tupl
         leader = np.array(_first_positions(owner), dtype=np.int64)  # [T] batch position of each trajectory
         rewards = batch.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)[leader]  # [T]
         traj_groups = [batch.column("group_id")[int(k)].as_py() for k in leader]
-        outcome_mode = TURN_MODES.get(cfg.adv, cfg.adv)  # the turn modes' `advantage` column: see the docstring
+        # The turn and train-side modes' `advantage` column holds an outcome rule's value: see the docstring.
+        outcome_mode = TURN_MODES.get(cfg.adv) or TRAIN_SIDE_MODES.get(cfg.adv) or cfg.adv
         adv_t = compute_advantages(torch.from_numpy(rewards), group_ids_to_index(traj_groups), outcome_mode).numpy()  # [T]
         w_t = weight[[rows[k] for k in leader]].astype(np.float64)  # [T]
         touched = _balance(adv_t, w_t, cfg.max_pos_frac)

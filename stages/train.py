@@ -62,9 +62,10 @@ import torch
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import ledger as run_ledger
 from arlctl.io.fs import basename, join
-from arlctl.io.shards import read_shard, scan, write_table_atomic
+from arlctl.io.shards import read_lineage, read_shard, scan, write_table_atomic
 from arlctl.rl import checkpoint as ckpt
 from arlctl.rl import distributed as dd
+from arlctl.rl import estimators
 from arlctl.rl.batching import (
     batch_columns,
     collate,
@@ -74,7 +75,7 @@ from arlctl.rl.batching import (
     score_tokens,
     trajectory_shares,
 )
-from arlctl.rl.losses import finalize_metrics, policy_loss, sft_loss
+from arlctl.rl.losses import METRIC_SUMS, OPTIONAL_SUMS, finalize_metrics, policy_loss, sft_loss
 from arlctl.rl.trainer_state import (  # noqa: F401 (API: load_model, load_tokenizer, lr_lambda live with the state)
     LORA_REFERENCE,
     TrainerState,
@@ -91,15 +92,20 @@ from arlctl.stages.results import TrainIO, TrainResult
 
 
 def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: TrainConfig,
-                     d: dd.Dist | None = None) -> dict[str, Any]:
+                     d: dd.Dist | None = None, teacher: Any | None = None, estimator: str | None = None) -> dict[str, Any]:
     """Accumulate the gradient of the batch loss into .grad over token-budget micro-batches.
 
-    model: an HF causal LM, or the trainer's module (a ScoringModel, possibly under DDP / FSDP2).
+    model: an HF causal LM, or the trainer's module (a ScoringModel, possibly under DDP / FSDP2; with a value
+    head when the trainer has a critic).
     ref_model: None, a frozen model of either kind, or LORA_REFERENCE (the model with adapters disabled).
+    teacher: None, a frozen model of either kind, or an engine scorer (arlctl/rl/teacher.py).
+    estimator: the batch's --adv (from its lineage); gae, distill and reinforce++ (with --kl-in-reward) have
+    their advantages completed here (see the module docstring).
     d: on more than one rank, this rank trains its token-balanced share of the rows; the loss carries the
     whole batch's denominators and the returned sums are the whole batch's (reduced over ranks).
     """
     d = d or dd.Dist()
+    critic = dd.has_value_head(model)
     loss_cfg = cfg.loss_config()
     device = next(model.parameters()).device
     autocast = nullcontext()
@@ -122,25 +128,48 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     columns = batch_columns(batch)
     if cfg.loss_agg == "seq-mean-token-mean":
         columns["weight"] = [(1.0 if w is None else w) * share for w, share in zip(columns["weight"], shares, strict=True)]
+    norm_tokens = float(cfg.loss_norm_tokens or longest_trajectory(batch))  # seq-mean-token-sum-norm's L
+
+    # 2b. Estimators that need the trainer's models: a no-gradient pass over the same micro-batches first
+    #     (GAE: the critic's values; REINFORCE++ with --kl-in-reward: the reference's log-probs), whose
+    #     per-token advantages (and value targets) then replace the batch's.
+    token_values: dict[int, dict[str, list[float]]] = {}
+    if estimator == "gae":
+        token_values = estimators.gae_columns(lambda mb: _score(model, mb, with_values=True,
+                                                                 temperature=cfg.temperature)[2],
+                                              batch, columns, plan, steps, cfg, d, device)
+    elif estimator == "reinforce++" and cfg.kl_in_reward:
+        estimators.reinforce_pp_columns(lambda mb: _reference_logp(model, ref_model, mb, cfg, force=True),
+                                        batch, columns, plan, steps, cfg, d, device)
 
     # 3. Forward and backward each micro-batch; gradients accumulate in .grad and are reduced across ranks
     #    (summed) in the backward of the last one.
     model.train()
     scale = dd.loss_scale(model, d)
-    out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": len(plan)}
+    out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": len(plan),
+                           "token_values": token_values}
+    denominators = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_tokens": norm_tokens}
+    use_teacher = teacher is not None and (estimator == "distill" or bool(cfg.teacher_kl_coef))
     for k in range(steps):
         rows = plan[k] if k < len(plan) else None
         mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
         with dd.grad_sync_scope(model, last=k == steps - 1), autocast:
             ref_logp = _reference_logp(model, ref_model, mb, cfg)
-            logp, entropy = _score(model, mb, with_entropy=True, temperature=cfg.temperature)  # [B, L-1]
+            teacher_logp = estimators.teacher_logp(teacher, mb, cfg.temperature) if use_teacher else None  # [B, L-1]
+            scored = _score(model, mb, with_entropy=True, temperature=cfg.temperature, with_values=critic)
+            logp, entropy = scored[0], scored[1]  # [B, L-1] x2
             if loss_cfg.kind == "sft":  # imitation of the kept rows: no advantage, no ratio in the loss
                 loss, sums = sft_loss(logp, mb.loss_mask, loss_cfg, weights=mb.weights, ref_logp=ref_logp,
-                                      num_tokens=num_tokens, num_seqs=num_seqs, behaviour_logp=mb.behaviour_logp)
+                                      behaviour_logp=mb.behaviour_logp, **denominators)
             else:
-                loss, sums = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.loss_mask, loss_cfg,
-                                         weights=mb.weights, ref_logp=ref_logp, num_tokens=num_tokens,
-                                         num_seqs=num_seqs)
+                advantages = mb.advantages  # [B] or [B, L-1]
+                if estimator == "distill":
+                    advantages = estimators.distill_token_advantages(advantages, teacher_logp, mb, cfg)  # [B, L-1]
+                loss, sums = policy_loss(logp, mb.behaviour_logp, advantages, mb.loss_mask, loss_cfg,
+                                         weights=mb.weights, ref_logp=ref_logp, teacher_logp=teacher_logp,
+                                         **denominators)
+            if critic:  # the value loss, or a zero that keeps the head in every rank's graph (a collective)
+                loss = loss + estimators.critic_loss(scored[2], mb, cfg, sums, denominators)
             (loss * scale if scale != 1.0 else loss).backward()
         if rows:
             out["loss"] += float(loss.detach())
@@ -150,15 +179,16 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     return _reduce_over_ranks(out, d) if d.active else out
 
 
-def _score(model: Any, mb: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _score(model: Any, mb: Any, with_values: bool = False, **kwargs: Any) -> tuple[torch.Tensor, ...]:
     if isinstance(dd.unwrap(model), dd.ScoringModel):
-        return model(mb, **kwargs)
+        return model(mb, with_values=with_values, **kwargs)
     return score_tokens(model, mb, **kwargs)
 
 
-def _reference_logp(model: Any, ref_model: Any, mb: Any, cfg: TrainConfig) -> torch.Tensor | None:
-    """The KL reference's log-probs of the trained tokens, without a gradient."""
-    if ref_model is None:
+def _reference_logp(model: Any, ref_model: Any, mb: Any, cfg: TrainConfig, force: bool = False) -> torch.Tensor | None:
+    """The KL reference's log-probs of the trained tokens, without a gradient (for the KL loss term, or with
+    `force` for REINFORCE++'s KL reward)."""
+    if ref_model is None or not (cfg.kl_coef or force):
         return None
     with torch.no_grad():
         if ref_model is LORA_REFERENCE:
@@ -177,12 +207,22 @@ def _is_fsdp(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-SUM_KEYS = ("tokens", "nll", "clip_frac_low", "clip_frac_high", "approx_kl", "ref_kl", "ratio_mean")
+def longest_trajectory(batch: pa.Table) -> int:
+    """The most trained (mask-1) tokens of one trajectory in the batch: seq-mean-token-sum-norm's default L."""
+    per_trajectory: dict[str, int] = {}
+    for tid, mask in zip(batch.column("trajectory_id").to_pylist(), batch.column("response_mask").to_pylist(),
+                         strict=True):
+        per_trajectory[tid] = per_trajectory.get(tid, 0) + sum(mask)
+    return max(per_trajectory.values(), default=1)
 
 
 def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
     """The whole batch's loss and metric sums from every rank's share (what one process would have)."""
-    sums = {k: sum(float(s[k]) for s in out["sums"]) for k in SUM_KEYS}
+    # The optional sums (rollout correction, teacher, critic) are the same on every rank: they follow the config.
+    present = [k for k in OPTIONAL_SUMS if any(k in s for s in out["sums"])]
+    optional = d.broadcast(present)
+    SUM_KEYS = (*METRIC_SUMS, *optional)  # noqa: N806
+    sums = {k: sum(float(s.get(k, 0.0)) for s in out["sums"]) for k in SUM_KEYS}
     totals = d.sum([out["loss"], out["entropy_sum"], float(out["seq_tokens"]), float(out["micro_batches"]),
                     *sums.values()])
     high = d.max([max((float(s["ratio_max"]) for s in out["sums"]), default=-math.inf)])[0]
@@ -190,8 +230,9 @@ def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
     merged = {k: torch.tensor(v) for k, v in zip(SUM_KEYS, totals[4:], strict=True)}
     merged.update(ratio_max=torch.tensor(high if math.isfinite(high) else 1.0),
                   ratio_min=torch.tensor(low if math.isfinite(low) else 1.0))
+    token_values = {row: v for part in d.gather_objects(out["token_values"]) for row, v in part.items()}
     return {"loss": totals[0], "entropy_sum": totals[1], "seq_tokens": int(totals[2]), "micro_batches": int(totals[3]),
-            "sums": [merged] if totals[4] else []}
+            "sums": [merged] if totals[4] else [], "token_values": token_values}
 
 
 def rows_to_drop(batch: pa.Table, vocab_size: int | None) -> dict[int, str]:
@@ -236,7 +277,8 @@ def apply_staleness(batch: pa.Table, version: int | None, cfg: TrainConfig) -> t
 
 
 def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any, batch: pa.Table,
-               cfg: TrainConfig, version: int | None = None, trainer: TrainerState | None = None) -> dict[str, Any]:
+               cfg: TrainConfig, version: int | None = None, trainer: TrainerState | None = None,
+               estimator: str | None = None, teacher: Any | None = None) -> dict[str, Any]:
     """One optimizer step over one batch shard, or a recorded skip when its gradient is not finite or every
     row is stale.
 
@@ -245,8 +287,13 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     Besides the numbers, the metrics hold `rows_dropped_invalid` (rows left out), `skipped_nonfinite`
     (1 when the optimizer did not step), the staleness counts of `apply_staleness`, `skipped_stale` (1 when
     every row was stale) and `warning` (what happened, "" when nothing did).
+    estimator: the --adv the batch was filtered with (`train` reads it from the shard's lineage; None: the
+    batch's advantages are trained as they are). teacher: for distillation, when no trainer
+    holds one. With a critic and a GAE batch, `token_values` holds each row's values, returns and advantages.
     """
     started = time.perf_counter()
+    teacher = trainer.teacher if trainer is not None else teacher
+    estimators.check_batch_fits(estimator, model, teacher, cfg)
     lr = optimizer.param_groups[0]["lr"]
     d = trainer.d if trainer is not None else dd.Dist()
     lm = trainer.lm if trainer is not None else model
@@ -270,11 +317,11 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     # 2. Gradient of the whole batch's loss, accumulated over micro-batches (and ranks); then clip its norm.
     skip = None
     if batch.num_rows == 0:
-        acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": 0}
+        acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": 0, "token_values": {}}
         grad_norm = torch.tensor(0.0)
         skip = None if all_stale else "no row left to train on"
     else:
-        acc = forward_backward(model, ref_model, batch, cfg, d)
+        acc = forward_backward(model, ref_model, batch, cfg, d, teacher=teacher, estimator=estimator)
         if trainer is not None:
             trainer.after_backward()
         params = [p for p in (trainer.master if trainer is not None else model).parameters() if p.requires_grad]
@@ -317,6 +364,9 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
         **stale, "skipped_stale": int(all_stale),
         "warning": "; ".join(warnings),
     })
+    if acc["token_values"]:  # the critic's numbers of this step, per row (written beside the metrics)
+        ids = batch.column("trajectory_id").to_pylist()
+        metrics["token_values"] = {ids[row]: v for row, v in sorted(acc["token_values"].items())}
     return metrics
 
 
@@ -388,14 +438,17 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         if cfg.loss != "sft" and batch.column("advantage").null_count:  # sft reads no advantage
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
         metrics = train_step(trainer.module, trainer.ref, trainer.optimizer, trainer.scheduler, batch, cfg,
-                             version=step, trainer=trainer)
+                             version=step, trainer=trainer, estimator=estimators.lineage_estimator(read_lineage(url)))
         step += 1
         trainer.step = step
         trainer.consumed.append(basename(url))
         metrics.update(step=step, **ledger.record(step, basename(url), metrics))
         history.append(metrics)
+        token_values = metrics.pop("token_values", None)
         if d.is_main and metrics_url:
             _write_metrics(metrics_url, step, basename(url), metrics)
+            if token_values:
+                estimators.write_token_values(metrics_url, step, token_values)
         if d.is_main and on_step:
             on_step(step, metrics)
         full = step % cfg.save_every == 0

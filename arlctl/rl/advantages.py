@@ -5,9 +5,28 @@ Pure functions over tensors and lists. `filter` calls them once per batch and wr
 
 Outcome modes, one value per trajectory from its reward r:
   group       (r - mean_g) / (std_g + eps)           GRPO (DeepSeekMath); std with Bessel's correction
-  group-mean  r - mean_g                              Dr. GRPO: no std scaling (removes difficulty bias)
-  batch       (r - mean_B) / (std_B + eps)            batch-normalised (REINFORCE++-style): the baseline is the
-                                                      whole batch, so a kept all-fail group acts as negatives
+  group-mean  r - mean_g                              no std scaling (removes difficulty bias)
+  dr-grpo     r - mean_g                              Dr. GRPO (Liu et al. 2025): the same advantage; its other
+                                                      half is the loss's constant length normaliser
+                                                      (`train --loss-agg seq-mean-token-sum-norm`)
+  rloo        r - mean_{g, j != i} r_j                RLOO (Ahmadian et al. 2024): the baseline of each sample is
+                                                      the mean of the others, = G / (G - 1) (r - mean_g)
+  batch       (r - mean_B) / (std_B + eps)            batch-normalised: the baseline is the whole batch, so a
+                                                      kept all-fail group acts as negatives
+  reinforce++ (r - mean_B) / (std_B + eps)            REINFORCE++ (Hu 2025) without its KL reward: every token's
+                                                      return is the outcome, normalised over the batch. With
+                                                      `train --kl-in-reward B` train recomputes it per token
+                                                      with the KL penalty in the reward
+                                                      (`reinforce_pp_token_advantages`)
+
+Train-side estimators, which need what only the trainer has (a critic's values, a teacher's log-probs):
+  gae         filter writes the group advantage as a placeholder; train replaces it by GAE over the critic's
+              values (arlctl/rl/value.py), see stages/train.py
+  distill     filter writes the group advantage of the task reward; train adds the teacher's per-token
+              reverse-KL advantage (arlctl/rl/distill.py)
+
+`overlong_penalty` is DAPO's soft length penalty (Yu et al. 2025), added to the reward by `reward
+--overlong-penalty L_max,L_cache` as the component `overlong`.
 
 Turn modes (process rewards, turn-level credit), one value per turn t of trajectory i from its step rewards
 r_{i,t} and its outcome o_i (the `reward` column):
@@ -31,9 +50,11 @@ from typing import Any
 
 import torch
 
-OUTCOME_MODES = ("group", "group-mean", "batch")
+OUTCOME_MODES = ("group", "group-mean", "dr-grpo", "rloo", "batch", "reinforce++")
 TURN_MODES = {"turn": "group", "turn-mean": "group-mean"}  # turn mode -> the rule of its per-turn baseline
-ADVANTAGE_MODES = (*OUTCOME_MODES, *TURN_MODES)
+# Estimators train completes (values, teacher log-probs) -> the outcome rule filter writes for them.
+TRAIN_SIDE_MODES = {"gae": "group", "distill": "group"}
+ADVANTAGE_MODES = (*OUTCOME_MODES, *TURN_MODES, *TRAIN_SIDE_MODES)
 
 
 def group_ids_to_index(group_ids: list[str]) -> torch.Tensor:
@@ -76,16 +97,73 @@ def compute_advantages(
     mean, std, count, uniform = _group_stats(rewards, group_index, valid)  # [N] each
     has_baseline = valid & (count > 1) & ~uniform  # [N]
     centred = torch.where(has_baseline, rewards - mean, torch.zeros_like(rewards))  # [N]
-    if mode == "group-mean":
+    if mode in ("group-mean", "dr-grpo"):
         adv = centred
+    elif mode == "rloo":  # r - (sum_g - r) / (G - 1) = G / (G - 1) * (r - mean_g)
+        adv = centred * count / (count - 1).clamp(min=1)
     elif mode == "group":
         adv = centred / (std + eps)
-    else:  # batch: one mean and std over every valid reward of the batch
+    else:  # batch, reinforce++: one mean and std over every valid reward of the batch
         finite = rewards[valid]
         if finite.numel() < 2 or bool((finite == finite[0]).all()):
             return torch.zeros_like(rewards, dtype=torch.float32)
         adv = torch.where(valid, (rewards - finite.mean()) / (finite.std() + eps), torch.zeros_like(rewards))
     return adv.to(torch.float32)
+
+
+def reinforce_pp_returns(outcome: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """REINFORCE++'s returns per token, before normalisation: token rewards r_t = -beta * kl_t plus the outcome
+    at the row's last trained token, G_t = sum_{s >= t} r_s over the row's trained tokens. [B], [B, T] -> [B, T]
+    float64, 0 off the mask. A NaN outcome counts as 0 (such a row was dropped upstream)."""
+    on = mask.bool()
+    kl = torch.where(on, kl.to(torch.float64), torch.zeros((), dtype=torch.float64))  # NaN/inf off the mask: gone
+    rewards = -beta * kl  # [B, T]
+    last = _last_true(on)  # [B], -1 for an empty row
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    finite = torch.nan_to_num(outcome.to(torch.float64), nan=0.0)  # [B]
+    rewards[rows, last[rows]] += finite[rows]
+    returns = torch.flip(torch.cumsum(torch.flip(rewards, [-1]), -1), [-1])  # [B, T] sum over s >= t
+    return torch.where(on, returns, torch.zeros_like(returns))
+
+
+def normalise_tokens(values: torch.Tensor, mask: torch.Tensor, total: float, total_sq: float, count: float,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """(v - mean) / (std + eps) at mask-1 positions, 0 elsewhere, from the batch's sums (so ranks can add theirs
+    first): mean = total / count, Bessel's std. Fewer than two values, or all equal, give 0. [B, T] -> float32."""
+    on = mask.bool()
+    if count < 2:
+        return torch.zeros(values.shape, dtype=torch.float32, device=values.device)
+    mean = total / count
+    var = max((total_sq - count * mean * mean) / (count - 1), 0.0)
+    if var <= 1e-20:
+        return torch.zeros(values.shape, dtype=torch.float32, device=values.device)
+    out = (values.to(torch.float64) - mean) / (math.sqrt(var) + eps)
+    return torch.where(on, out, torch.zeros_like(out)).to(torch.float32)
+
+
+def reinforce_pp_token_advantages(outcome: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float,
+                                  eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025) per token: `reinforce_pp_returns` normalised over every trained token of the batch,
+    (G - mean) / (std + eps) with Bessel's std. outcome [B]; kl, mask [B, T] -> [B, T] float32, 0 off the mask."""
+    returns = reinforce_pp_returns(outcome, kl, mask, beta)  # [B, T]
+    on = mask.bool()
+    values = returns[on]
+    return normalise_tokens(returns, mask, float(values.sum()), float((values * values).sum()), float(on.sum()), eps)
+
+
+def _last_true(on: torch.Tensor) -> torch.Tensor:
+    """Index of the last True of each row [B, T] -> [B]; -1 where a row has none."""
+    positions = torch.arange(on.shape[-1], device=on.device).expand_as(on)  # [B, T]
+    return torch.where(on, positions, torch.full_like(positions, -1)).max(dim=-1).values
+
+
+def overlong_penalty(lengths: Sequence[int], l_max: int, l_cache: int) -> list[float]:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) for response lengths |y|:
+    0 up to l_max - l_cache, then falling linearly to -1 at l_max, and -1 beyond."""
+    if not 0 < l_cache <= l_max:
+        raise ValueError(f"the overlong penalty needs 0 < L_cache <= L_max, not L_max={l_max}, L_cache={l_cache}")
+    safe = l_max - l_cache
+    return [0.0 if n <= safe else ((safe - n) / l_cache if n <= l_max else -1.0) for n in lengths]
 
 
 # ----------------------------------------------------------------------------------------------- per turn

@@ -49,11 +49,15 @@ class MicroBatch:
     weights: torch.Tensor  # [B]
     rows: list[int]  # indices into the batch shard
     real_tokens: int  # non-padding tokens
+    old_values: torch.Tensor | None = None  # [B, L-1] the critic's values before the step (GAE batches)
+    returns: torch.Tensor | None = None  # [B, L-1] the value targets (GAE batches)
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        tensors = ("input_ids", "attention_mask", "loss_mask", "behaviour_logp", "advantages", "weights")
+        tensors = ("input_ids", "attention_mask", "loss_mask", "behaviour_logp", "advantages", "weights",
+                   "old_values", "returns")
         for name in tensors:
-            setattr(self, name, getattr(self, name).to(device, non_blocking=True))
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device, non_blocking=True))
         return self
 
 
@@ -188,7 +192,11 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
         attention[b, : p + r] = 1
         loss_mask[b, p : p + r] = torch.tensor(masks[i], dtype=torch.bool)
         behaviour[b, p : p + r] = torch.tensor(logprobs[i], dtype=torch.float32)
-    if spans is not None and any(spans[i] for i in rows):
+    per_token = {name: _response_layout(cols[name], rows, prompts, width) if name in cols else None
+                 for name in ("token_advantage", "old_values", "returns")}  # train-side estimators' [B, L-1]
+    if per_token["token_advantage"] is not None:
+        advantages = per_token["token_advantage"]  # [B, L-1]
+    elif spans is not None and any(spans[i] for i in rows):
         advantages = token_advantages(row_adv, [len(prompts[i]) for i in rows], [spans[i] for i in rows], width)
     else:
         advantages = row_adv  # [B]: the outcome-only path, unchanged
@@ -201,7 +209,46 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
         weights=torch.tensor([1.0 if w is None else w for w in (weight[i] for i in rows)], dtype=torch.float32),
         rows=list(rows),
         real_tokens=int(attention.sum()),
+        old_values=per_token["old_values"],
+        returns=per_token["returns"],
     )
+
+
+def _response_layout(per_row: list[list[float]], rows: list[int], prompts: list[list[int]], width: int) -> torch.Tensor:
+    """Per-row values of the response tokens (lists as long as response_ids) laid out like loss_mask [B, L-1]:
+    position t holds the value of token t + 1."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)  # [B, L]
+    for b, i in enumerate(rows):
+        p = len(prompts[i])
+        out[b, p : p + len(per_row[i])] = torch.tensor(per_row[i], dtype=torch.float32)
+    return out[:, 1:]  # [B, L-1]
+
+
+def response_values(values: torch.Tensor, mb: MicroBatch, prompt_lens: list[int],
+                    response_lens: list[int]) -> list[list[float]]:
+    """The inverse of the layout: [B, L-1] values -> per row, one float per response token (row order of mb)."""
+    out = []
+    for b, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        out.append(values[b, p - 1 : p - 1 + r].tolist())
+    return out
+
+
+def turn_layout(table: pa.Table) -> list[list[tuple[int, int, float | None]]]:
+    """Per row, (gen_start, gen_len, reward_step) of each turn, response-relative: where GAE places step rewards
+    and, at --gae-level turn, its steps. A row without turns is one turn over its whole response."""
+    import pyarrow.compute as pc
+
+    turns = table.column("turns")
+    lengths = [n or 0 for n in pc.list_value_length(turns).to_pylist()]  # [N]
+    flat = pc.list_flatten(turns)  # [T]
+    starts, lens, rewards = (pc.struct_field(flat, k).to_pylist() for k in ("gen_start", "gen_len", "reward_step"))
+    responses = table.column("response_tokens").to_pylist()
+    out, at = [], 0
+    for n, total in zip(lengths, responses, strict=True):
+        spans = [(starts[k], lens[k], rewards[k]) for k in range(at, at + n) if lens[k]]
+        out.append(spans or [(0, total, None)])
+        at += n
+    return out
 
 
 def token_advantages(row_adv: torch.Tensor, prompt_lens: list[int], spans: list[list[TurnSpan] | None],
@@ -218,13 +265,15 @@ def token_advantages(row_adv: torch.Tensor, prompt_lens: list[int], spans: list[
     return adv[:, 1:]  # [B, L-1]
 
 
-def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False,
-                 temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False, temperature: float = 1.0,
+                 value_head: Any | None = None) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the trained tokens, laid out densely as [B, L-1].
 
     Positions off the mask hold 0. Only the selected hidden states go through the LM head; `temperature`
     must be the sampling temperature the behaviour log-probs were recorded at. Models whose head does more
     than a linear map (logit soft-capping) are not supported by this shortcut.
+    With a value head (a critic, arlctl/rl/value.py) the values of the same states come third, [B, L-1] float32:
+    position t holds V of the state that sampled token t + 1.
     """
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
     hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state  # [B, L, H]
@@ -241,4 +290,8 @@ def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False,
         with torch.no_grad():
             ent_flat = entropy_from_logits(logits.detach())  # [N]
         entropy = torch.zeros_like(logp).masked_scatter(mb.loss_mask, ent_flat)  # [B, L-1]
-    return logp, entropy
+    if value_head is None:
+        return logp, entropy
+    values_flat = value_head(selected).squeeze(-1).float()  # [N]
+    values = torch.zeros(mb.loss_mask.shape, dtype=values_flat.dtype, device=values_flat.device)  # [B, L-1]
+    return logp, entropy, values.masked_scatter(mb.loss_mask, values_flat)

@@ -165,15 +165,36 @@ def split_rows(lengths: list[int], world: int) -> list[list[int]]:
 
 
 class ScoringModel(nn.Module):
-    """The causal LM with the scoring pass as its forward (see the module docstring)."""
+    """The causal LM with the scoring pass as its forward (see the module docstring).
 
-    def __init__(self, lm: nn.Module) -> None:
+    value_head: PPO's critic, a linear map of the last hidden state to one value (`train --value-coef`). It
+    starts at zero (V = 0 everywhere, no random draw), lives in the root module, so FSDP2 shards it with the
+    root and checkpoints hold it beside the policy, and is never part of the published HF weights.
+    """
+
+    def __init__(self, lm: nn.Module, value_head: bool = False) -> None:
         super().__init__()
         self.lm = lm
+        self.value_head: nn.Linear | None = None
+        if value_head:
+            with torch.random.fork_rng(devices=[]):  # the zero init below needs no draw: leave the RNG as it was
+                self.value_head = nn.Linear(lm.config.hidden_size, 1)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, mb: MicroBatch, with_entropy: bool = False,
-                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return score_tokens(self.lm, mb, with_entropy=with_entropy, temperature=temperature)
+    def forward(self, mb: MicroBatch, with_entropy: bool = False, temperature: float = 1.0,
+                with_values: bool = False) -> tuple[torch.Tensor, ...]:
+        """(logp, entropy) of the trained tokens, and their values third with `with_values`."""
+        head = self.value_head if with_values else None
+        if with_values and head is None:
+            raise ValueError("this model has no value head (train --value-coef)")
+        return score_tokens(self.lm, mb, with_entropy=with_entropy, temperature=temperature, value_head=head)
+
+
+def has_value_head(module: Any) -> bool:
+    """The trainer's module carries a critic (a ScoringModel built with a value head)."""
+    inner = unwrap(module) if isinstance(module, nn.Module) else None
+    return isinstance(inner, ScoringModel) and inner.value_head is not None
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

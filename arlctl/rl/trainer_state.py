@@ -81,6 +81,7 @@ class TrainerState:
     consumed: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # the state.json resumed from
     last_full: int = 0  # step of the newest full checkpoint
+    teacher: Any = None  # None | a frozen module | an engine scorer (--teacher: on-policy distillation)
     ledger: Any = None  # the run's BadValueLedger (stages/train.py), carried between --watch cycles
 
     @property
@@ -120,7 +121,7 @@ class TrainerState:
                 lm = apply_lora(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_list())
             if cfg.grad_checkpoint:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            master = dd.ScoringModel(lm)
+            master = dd.ScoringModel(lm, value_head=cfg.value_coef > 0)
             if not cfg.offload:
                 master = master.to(d.device)
             module, master = _apply_strategy(master, strategy, cfg, d)
@@ -139,6 +140,7 @@ class TrainerState:
                     trainer._load_legacy(resume_from)
         trainer._refuse_nonfinite_start(resume_ckpt or initial_policy)
         trainer.ref = trainer._reference()
+        trainer.teacher = trainer._teacher()
         return trainer
 
     def _load_shards(self, directory: Path) -> None:
@@ -175,12 +177,35 @@ class TrainerState:
         ckpt.set_rng_state(torch.load(directory / "rng.pt", weights_only=False))
 
     def _reference(self) -> Any:
-        """The frozen KL reference (the initial policy), only with --kl-coef."""
-        if not self.cfg.kl_coef:
+        """The frozen KL reference (the initial policy), only with --kl-coef or --kl-in-reward."""
+        if not self.cfg.needs_reference():
             return None
         if self.lora:
             return LORA_REFERENCE
-        ref = dd.ScoringModel(load_model(self.initial_policy)).requires_grad_(False).eval()
+        return self._frozen(self.initial_policy)
+
+    def _teacher(self) -> Any:
+        """The --teacher: an engine scorer for a URL, else a frozen model sharded like the reference. Its
+        vocabulary must be the policy's: the same token ids are scored."""
+        spec = self.cfg.teacher
+        if spec is None:
+            return None
+        vocab = self.lm.get_input_embeddings().num_embeddings
+        if spec.startswith(("http://", "https://")):
+            from arlctl.rl.teacher import EngineTeacher
+
+            return EngineTeacher(spec)
+        path = ckpt.resolve_policy_path(spec)
+        teacher = self._frozen(path)
+        theirs = dd.unwrap(teacher).lm.get_input_embeddings().num_embeddings
+        if theirs != vocab:
+            raise UsageError(f"--teacher {spec} has a vocabulary of {theirs} tokens, the policy {vocab}",
+                             hint="distillation scores the policy's token ids: the teacher needs the same tokenizer")
+        return teacher
+
+    def _frozen(self, path: Path) -> Any:
+        """A frozen scoring copy of the model at `path`, placed like the trained model (FSDP2: sharded)."""
+        ref = dd.ScoringModel(load_model(path)).requires_grad_(False).eval()
         if self.cfg.precision == "bf16" and self.strategy == "single":
             ref = ref.to(torch.bfloat16)
         if self.strategy == "fsdp2":
@@ -249,7 +274,8 @@ class TrainerState:
             if not self.d.is_main:
                 return None
             full = {k: v.detach().cpu() for k, v in dd.unwrap(self.master).state_dict().items()}
-        full = {k.removeprefix("lm."): v for k, v in full.items()}
+        # The policy's tensors only: a critic's value head is trainer state (in the shards), not published weights.
+        full = {k.removeprefix("lm."): v for k, v in full.items() if k.startswith("lm.")}
         if self.lora:
             from arlctl.rl import lora
 

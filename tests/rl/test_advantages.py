@@ -50,7 +50,7 @@ def test_nan_rewards_are_ignored_and_get_zero():
 def test_uniform_batch_and_unknown_mode():
     assert adv([1.0, 1.0, 1.0], ["a", "a", "b"], "batch") == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="unknown advantage mode"):
-        adv([1.0], ["a"], "rloo")
+        adv([1.0], ["a"], "grpo-plus")
 
 
 def test_group_ids_to_index_keeps_first_appearance_order():

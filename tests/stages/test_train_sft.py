@@ -108,5 +108,5 @@ def test_sft_reads_no_advantage_and_an_unknown_loss_is_refused(batch_dir, tmp_pa
         train(str(unfiltered), str(tiny_model_dir()), str(tmp_path / "pg"), TrainConfig(device="cpu"))
     assert train(str(unfiltered), str(tiny_model_dir()), str(tmp_path / "sft"),
                  TrainConfig(loss="sft", device="cpu"))["steps"] == 1
-    with pytest.raises(UsageError, match="--loss must be one of ppo-clip, sft"):
+    with pytest.raises(UsageError, match="--loss must be one of ppo-clip, gspo, cispo, sft"):
         TrainConfig(loss="dpo").check()
