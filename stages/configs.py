@@ -267,6 +267,9 @@ class RewardConfig:
     cache: str | None = setting(None, "Reward cache directory (any fsspec URL, s3 included; may be shared by "
                                       "runs). Default with --run: RUN/reward-cache; without --run: no cache.")
     no_cache: bool = setting(False, "Use no reward cache: score every row, remember nothing.")
+    overlong_penalty: str | None = setting(None, "L_MAX,L_CACHE: DAPO's soft overlong penalty added to the reward "
+                                                 "(component `overlong`): 0 up to L_MAX - L_CACHE generated tokens, "
+                                                 "then down to -1 at L_MAX, -1 beyond. E.g. 1024,256.")
     cache_flush_s: float = setting(60.0, "Write the cache's new entries at least this often while a shard is "
                                          "scored (seconds; and after each shard): a crash loses at most this much "
                                          "grading.")
@@ -280,6 +283,21 @@ class RewardConfig:
             raise UsageError(f"--cache-flush-s must be a finite number >= 0, not {self.cache_flush_s}")
         if self.cache is not None and self.no_cache:
             raise UsageError("--cache and --no-cache contradict each other")
+        self.overlong()
+
+    def overlong(self) -> tuple[int, int] | None:
+        """(L_max, L_cache) of --overlong-penalty, or None; a malformed value is a usage error."""
+        if self.overlong_penalty is None:
+            return None
+        parts = self.overlong_penalty.replace(" ", "").split(",")
+        try:
+            l_max, l_cache = (int(p) for p in parts)
+        except ValueError:
+            raise UsageError(f"--overlong-penalty is L_MAX,L_CACHE (two integers), not {self.overlong_penalty!r}",
+                             hint="e.g. --overlong-penalty 1024,256") from None
+        if not 0 < l_cache <= l_max:
+            raise UsageError(f"--overlong-penalty needs 0 < L_CACHE <= L_MAX, not {l_max},{l_cache}")
+        return l_max, l_cache
 
 
 @dataclass

@@ -234,8 +234,12 @@ async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], ctx: Scor
 
 
 def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int = 4,
-                 cache: RewardCache | None = None) -> pa.Table:
+                 cache: RewardCache | None = None, overlong: tuple[int, int] | None = None) -> pa.Table:
     """Return `table` with the reward columns filled by `reward`; every other column is unchanged.
+
+    overlong: (L_max, L_cache) of DAPO's soft overlong penalty (arlctl/rl/advantages.py `overlong_penalty`),
+    added to every scored trajectory's reward as the component `overlong`, from the tokens it generated (all
+    its rows). Applied after the cache: the cache holds the reward's own score.
 
     Scored once per trajectory: the rows of a per-turn trajectory (arlctl/turn_rows.py) all get the score
     of its last row. A row that could not be scored has reward and reward_components null and
@@ -253,7 +257,11 @@ def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int 
     components: list[Any] = [None] * n
     infos: list[str | None] = [None] * n
     versions: list[str | None] = [None] * n
+    generated = table.column("generated_tokens").to_pylist()
     for unit, (value, parts, info) in zip(units, scored, strict=True):
+        if overlong is not None and value is not None:
+            penalty = _overlong(sum(generated[i] or 0 for i in unit.rows), overlong)
+            value, parts = value + penalty, {**(parts or {"reward": value}), "overlong": penalty}
         text = json.dumps(info, sort_keys=True, default=str)
         for i in unit.rows:
             rewards[i], infos[i] = value, text
@@ -269,6 +277,12 @@ def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int 
     for name, values in columns.items():
         table = table.set_column(table.schema.get_field_index(name), TRAJECTORY_SCHEMA.field(name), values)
     return table
+
+
+def _overlong(length: int, overlong: tuple[int, int]) -> float:
+    from arlctl.rl.advantages import overlong_penalty  # torch: imported only when the penalty is on
+
+    return overlong_penalty([length], *overlong)[0]
 
 
 def error_cause(error: str, infra: bool) -> str:
@@ -324,7 +338,8 @@ def output_name(input_url: str) -> str:
 
 def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurrency: int = 4, on_corrupt: str = "raise",
                dry_run: bool = False, only: list[str] | None = None, worker: tuple[int, int] = (0, 1),
-               stop: Any = None, cache: RewardCache | None = None) -> RewardSummary:
+               stop: Any = None, cache: RewardCache | None = None,
+               overlong: tuple[int, int] | None = None) -> RewardSummary:
     """Reward every input shard not yet consumed by out_url. Returns what was done.
 
     worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n
@@ -336,7 +351,8 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
     summary = RewardSummary()
     done = consumed_inputs(out_url, same_name=True)  # 1:1: rewarded/X vouches only for rollouts/X
     unreadable: list[CorruptShardError] = []
-    cfg_hash = config_hash({"reward": reward.name, "version": reward.version})
+    cfg_hash = config_hash({"reward": reward.name, "version": reward.version}
+                           | ({"overlong": list(overlong)} if overlong else {}))
     hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
     for shard in only if only is not None else partition(scan(in_url).shards, *worker):
         if stop is not None and stop.is_set():
@@ -357,7 +373,7 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
                 quarantine(shard)
             continue
         try:
-            rewarded = reward_table(table, reward, concurrency, cache)
+            rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong)
         finally:  # what was paid for is kept, also when a TransientError leaves the shard pending
             if cache is not None and not dry_run:
                 cache.flush()
@@ -393,4 +409,4 @@ def run(cfg: RewardConfig, io: RewardIO, stop: Any = None, reward: Scorer | Auto
         reward = AutoReward() if cfg.reward == "auto" else build_reward(cfg.reward, cfg.reward_opt)
     return reward_dir(io.in_url, io.out, reward, concurrency=cfg.concurrency,
                       on_corrupt="quarantine" if cfg.quarantine else "raise", dry_run=io.dry_run, worker=io.worker,
-                      stop=stop, cache=cache)
+                      stop=stop, cache=cache, overlong=cfg.overlong())
