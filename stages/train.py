@@ -296,7 +296,7 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     estimators.check_batch_fits(estimator, model, teacher, cfg)
     lr = optimizer.param_groups[0]["lr"]
     d = trainer.d if trainer is not None else dd.Dist()
-    lm = trainer.lm if trainer is not None else model
+    lm = trainer.lm if trainer is not None else getattr(dd.unwrap(model), "lm", model)
 
     # 1. Leave out rows no step may read; the rule is counted, never silent. Every rank reads the whole
     #    batch and drops the same rows.

@@ -1,0 +1,188 @@
+"""Every named learning algorithm on the `two-first-tokens` toy with the tiny model: steps to a target, over seeds.
+
+One real loop per (mode, seed), in process, step for step: the tiny random model as an HF policy samples one
+token per turn in the real env through the rollout driver, the env's reward grades each trajectory, filter's
+rules and packer make one batch per step with the mode's `--adv`, `train_step` takes one optimizer step with
+the mode's train options (a critic for GAE, the frozen reference for REINFORCE++'s KL reward, a teacher for
+distillation), and the policy reloads the new weights. The curve is the mean outcome of each step's rollouts,
+measured before training on them; "steps" is the number of optimizer steps before the first rollout at or
+above the target (an arm that never gets there within --max-steps is censored at --max-steps + 1).
+
+The distillation teacher is the policy that the baseline (ppo-clip, group) reached on seed 0 after
+--teacher-steps steps: a model that already solves the task, which the student imitates with no task reward
+(--distill-task-coef 0).
+
+    .venv/bin/python benchmarks/algorithms_compare.py --seeds 8 --max-steps 20 --json docs/learning/algorithms.json
+
+Prints one line per run to stderr and the table (mean steps, a 95% t-interval over seeds, reached/total) at
+the end. Settings as docs/learning/turn_credit.md's (rules lower,letter, 4 tasks x G = 8, lr 1e-2), target 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+
+from arlctl.envs import toy  # noqa: E402
+from arlctl.envs.registry import env_factory, get_reward  # noqa: E402
+from arlctl.inference.hf import HFPolicy  # noqa: E402
+from arlctl.models import tiny_model_dir  # noqa: E402
+from arlctl.rl.distributed import ScoringModel  # noqa: E402
+from arlctl.schemas.rows import rows_to_table  # noqa: E402
+from arlctl.stages.configs import FilterConfig, TrainConfig  # noqa: E402
+from arlctl.stages.filter import apply_rules, pack_batches  # noqa: E402
+from arlctl.stages.reward import reward_table  # noqa: E402
+from arlctl.stages.rollout import RolloutConfig, rollout  # noqa: E402
+from arlctl.stages.train import load_model, lr_lambda, train_step  # noqa: E402
+
+TASKS_PER_STEP, GROUP_SIZE, LR, TARGET, RULES = 4, 8, 1e-2, 0.9, ("lower", "letter")
+
+# mode name -> (filter --adv, train options). Each differs from the baseline in what it names only.
+MODES: dict[str, tuple[str, dict]] = {
+    "ppo-clip (GRPO)": ("group", {}),
+    "gspo": ("group", {"loss": "gspo", "loss_agg": "seq-mean-token-mean", "eps_low": 3e-4, "eps_high": 4e-4}),
+    "cispo": ("group", {"loss": "cispo", "eps_low": 1.0, "eps_high": 0.28}),
+    "tis token truncate": ("group", {"tis_cap": 2.0}),
+    "is sequence mask": ("group", {"tis_cap": 2.0, "is_level": "sequence", "is_mode": "mask"}),
+    "is geometric mask": ("group", {"tis_cap": 2.0, "is_level": "geometric", "is_mode": "mask"}),
+    "dr-grpo": ("dr-grpo", {"loss_agg": "seq-mean-token-sum-norm"}),
+    "rloo": ("rloo", {}),
+    "reinforce++": ("reinforce++", {"kl_in_reward": 0.01}),
+    "gae (critic)": ("gae", {"value_coef": 0.5, "gae_lambda": 0.95}),
+    "distill": ("distill", {"distill_coef": 1.0, "distill_task_coef": 0.0}),
+}
+
+
+def run_mode(adv: str, options: dict, seed: int, workdir: Path, max_steps: int, teacher_dir: Path | None = None,
+             save_to: Path | None = None) -> list[float]:
+    """The mean outcome of each step's rollouts for one mode and seed; stops after the first at >= TARGET
+    (unless save_to is given: then it trains max_steps steps and saves the policy there)."""
+    torch.manual_seed(seed)
+    start = tiny_model_dir()
+    settings = {"lr": LR, "eps_low": 0.2, "eps_high": 0.28, "seed": seed, **options}
+    if adv == "distill":
+        settings["teacher"] = str(teacher_dir)
+    cfg = TrainConfig(**settings)
+    cfg.check()
+    lm = load_model(start)
+    model = ScoringModel(lm, value_head=True) if cfg.value_coef else lm
+    ref = load_model(start).requires_grad_(False).eval() if cfg.needs_reference() else None
+    teacher = load_model(teacher_dir).requires_grad_(False).eval() if adv == "distill" else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=cfg.adam_betas, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    filter_cfg = FilterConfig(adv=adv, batch_groups=TASKS_PER_STEP, keep_uniform=1.0 if adv == "reinforce++" else 0.0)
+    rollout_cfg = RolloutConfig(env=toy.TWO_ENV_NAME, group_size=GROUP_SIZE, concurrency=TASKS_PER_STEP * GROUP_SIZE,
+                                max_turns=2, max_new_tokens=1, seed=seed)
+    reward = get_reward(toy.TWO_ENV_NAME)
+    policy = HFPolicy(start, max_batch=1)  # one request at a time: reruns repeat the curve exactly
+    curve: list[float] = []
+    try:
+        for step in range(max_steps + 1):
+            rows: list = []
+
+            async def sink(group: list, rows: list = rows) -> None:
+                rows.extend(group)
+
+            tasks = toy._builtin_two({"n": str(TASKS_PER_STEP), "seed": str(step), "rules": ",".join(RULES)})
+            asyncio.run(rollout(tasks, policy, env_factory(toy.TWO_ENV_NAME), rollout_cfg, sink))
+            table = reward_table(rows_to_table(rows), reward)
+            curve.append(float(np.mean(table.column("reward").to_numpy())))
+            if step == max_steps or (save_to is None and curve[-1] >= TARGET):
+                break
+            result = apply_rules(table, filter_cfg, current_version=step)
+            kept = np.flatnonzero(result.keep)
+            batches, _ = pack_batches(table.take(pa.array(kept, pa.int64())), result.weight[kept], filter_cfg)
+            for batch in batches:  # none when every group was uniform: the weights stay
+                train_step(model, ref, optimizer, scheduler, batch, cfg, version=step, estimator=adv, teacher=teacher)
+            lm.save_pretrained(workdir / "policy")
+            asyncio.run(policy.reload(str(workdir / "policy"), step + 1))
+    finally:
+        asyncio.run(policy.close())
+    if save_to is not None:
+        lm.save_pretrained(save_to)
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(start).save_pretrained(save_to)
+    return curve
+
+
+def steps_to_target(curve: list[float], max_steps: int) -> tuple[int, bool]:
+    """(steps, reached): optimizer steps before the first rollout at >= TARGET, or max_steps + 1 (censored)."""
+    hit = next((i for i, value in enumerate(curve) if value >= TARGET), None)
+    return (max_steps + 1, False) if hit is None else (hit, True)
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """A 95% Student-t interval of the mean (n - 1 degrees of freedom)."""
+    from scipy import stats
+
+    n = len(values)
+    if n < 2:
+        return (values[0], values[0]) if values else (math.nan, math.nan)
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return statistics.mean(values) - half, statistics.mean(values) + half
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--teacher-steps", type=int, default=20)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the mode names")
+    parser.add_argument("--json", type=Path, help="write every curve and the table here")
+    args = parser.parse_args()
+    chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown:
+        parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
+    report: dict = {"settings": {"tasks_per_step": TASKS_PER_STEP, "group_size": GROUP_SIZE, "lr": LR,
+                                 "target": TARGET, "rules": RULES, "max_steps": args.max_steps, "seeds": args.seeds},
+                    "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="arlctl-algos-") as scratch:
+        root = Path(scratch)
+        teacher_dir = None
+        if "distill" in chosen:
+            teacher_dir = root / "teacher"
+            started = time.perf_counter()
+            curve = run_mode("group", {}, 0, root / "teacher-run", args.teacher_steps, save_to=teacher_dir)
+            report["teacher_curve"] = curve
+            print(f"teacher: ppo-clip seed 0, {args.teacher_steps} steps, last outcome {curve[-1]:.3f} "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+        for name in chosen:
+            adv, options = MODES[name]
+            runs = []
+            for seed in range(args.seeds):
+                started = time.perf_counter()
+                curve = run_mode(adv, options, seed, root / f"{name}-{seed}", args.max_steps, teacher_dir=teacher_dir)
+                steps, reached = steps_to_target(curve, args.max_steps)
+                runs.append({"seed": seed, "steps": steps, "reached": reached, "curve": curve})
+                print(f"{name} seed {seed}: {steps}{'' if reached else '+ (censored)'} steps, last {curve[-1]:.3f} "
+                      f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+            steps = [r["steps"] for r in runs]
+            low, high = t_interval([float(s) for s in steps])
+            report["modes"][name] = {"adv": adv, "train": options, "runs": runs, "mean_steps": statistics.mean(steps),
+                                     "ci95": [low, high], "reached": sum(r["reached"] for r in runs)}
+            if args.json:  # after every mode: a long run that is stopped keeps what it measured
+                args.json.write_text(json.dumps(report, indent=1))
+    print(f"\n{'mode':<22} {'--adv':<12} {'mean steps':>10} {'95% CI':>16} {'reached':>8}")
+    for name, row in report["modes"].items():
+        interval = "[{:.1f}, {:.1f}]".format(*row["ci95"])
+        print(f"{name:<22} {row['adv']:<12} {row['mean_steps']:>10.2f} {interval:>16} {row['reached']:>5}/{args.seeds}")
+
+
+if __name__ == "__main__":
+    main()
