@@ -15,7 +15,7 @@ The distillation teacher is the policy that the baseline (ppo-clip, group) reach
     .venv/bin/python benchmarks/algorithms_compare.py --seeds 8 --max-steps 20 --json docs/learning/algorithms.json
 
 Prints one line per run to stderr and the table (mean steps, a 95% t-interval over seeds, reached/total) at
-the end. Settings as docs/learning/turn_credit.md's (rules lower,letter, 4 tasks x G = 8, lr 1e-2), target 0.9.
+the end. Settings: rules lower,letter (docs/learning/turn_credit.md), 4 tasks x G = 8, lr 3e-2, target 0.9.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from arlctl.stages.reward import reward_table  # noqa: E402
 from arlctl.stages.rollout import RolloutConfig, rollout  # noqa: E402
 from arlctl.stages.train import load_model, lr_lambda, train_step  # noqa: E402
 
-TASKS_PER_STEP, GROUP_SIZE, LR, TARGET, RULES = 4, 8, 1e-2, 0.9, ("lower", "letter")
+TASKS_PER_STEP, GROUP_SIZE, LR, TARGET, RULES = 4, 8, 3e-2, 0.9, ("lower", "letter")  # defaults; see main()
 
 # mode name -> (filter --adv, train options). Each differs from the baseline in what it names only.
 MODES: dict[str, tuple[str, dict]] = {
@@ -97,7 +97,8 @@ def run_mode(adv: str, options: dict, seed: int, workdir: Path, max_steps: int, 
             async def sink(group: list, rows: list = rows) -> None:
                 rows.extend(group)
 
-            tasks = toy._builtin_two({"n": str(TASKS_PER_STEP), "seed": str(step), "rules": ",".join(RULES)})
+            options = {"n": str(TASKS_PER_STEP), "seed": str(step)} | ({"rules": ",".join(RULES)} if RULES else {})
+            tasks = toy._builtin_two(options)
             asyncio.run(rollout(tasks, policy, env_factory(toy.TWO_ENV_NAME), rollout_cfg, sink))
             table = reward_table(rows_to_table(rows), reward)
             curve.append(float(np.mean(table.column("reward").to_numpy())))
@@ -138,13 +139,21 @@ def t_interval(values: list[float]) -> tuple[float, float]:
 
 
 def main() -> None:
+    global LR, TARGET, TASKS_PER_STEP, RULES  # noqa: PLW0603 (one run's settings, read by run_mode)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--teacher-steps", type=int, default=20)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the mode names")
     parser.add_argument("--json", type=Path, help="write every curve and the table here")
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--target", type=float, default=TARGET)
+    parser.add_argument("--tasks-per-step", type=int, default=TASKS_PER_STEP)
+    parser.add_argument("--rules", default=",".join(RULES), help="the turns' first-character classes; '' for the "
+                                                                  "env's default (space, then letter)")
     args = parser.parse_args()
+    LR, TARGET, TASKS_PER_STEP = args.lr, args.target, args.tasks_per_step
+    RULES = tuple(r for r in args.rules.split(",") if r)
     chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in MODES]
     if unknown:

@@ -5,7 +5,10 @@ Reads top to bottom like a torchtune recipe:
   setup     resolve the starting weights (newest checkpoint, else --policy), build the model, the frozen
             reference (only with --kl-coef), AdamW and the LR schedule; restore their states and the RNG
   loop      one batch shard = one optimizer step, in name order, skipping shards already consumed:
-            micro-batches under a token budget -> masked PPO-clip loss -> backward -> clip -> step
+            micro-batches under a token budget -> masked policy loss (--loss ppo-clip | gspo | cispo, with
+            rollout correction at --is-level, arlctl/rl/losses.py) -> backward -> clip -> step.
+            A batch filtered with --adv gae | distill | reinforce++ has its advantages completed first by
+            what only the trainer holds (its critic, a teacher, the reference: arlctl/rl/estimators.py)
             (`--loss sft`: the NLL of the mask-1 tokens instead, for a cold start on rows a filter kept,
             e.g. `filter --where 'reward = 1'`; same batches, strategies, LoRA, aggregation and checkpoints)
   save      every --save-every steps and at the end: step-NNNNNN/ with weights, optimizer, scheduler, RNG

@@ -56,7 +56,7 @@ class EngineTeacher:
     def token_logprobs(self, ids: list[int]) -> list[float]:
         """log p(ids[t] | ids[:t]) for t = 1 .. len(ids) - 1."""
         reply = self._post("/v1/completions", {"model": self.model, "prompt": ids, "max_tokens": 1,
-                                               "temperature": 0.0, "prompt_logprobs": 0})
+                                               "temperature": 1.0, "prompt_logprobs": 0})
         try:
             scored = reply["choices"][0]["prompt_logprobs"]
         except (KeyError, IndexError, TypeError):
