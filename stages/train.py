@@ -221,9 +221,10 @@ def longest_trajectory(batch: pa.Table) -> int:
 
 def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
     """The whole batch's loss and metric sums from every rank's share (what one process would have)."""
-    # The optional sums (rollout correction, teacher, critic) are the same on every rank: they follow the config.
-    present = [k for k in OPTIONAL_SUMS if any(k in s for s in out["sums"])]
-    optional = d.broadcast(present)
+    # The optional sums (rollout correction, teacher, critic): those any rank has (a rank with no row has none).
+    present = {k for part in d.gather_objects([k for k in OPTIONAL_SUMS if any(k in s for s in out["sums"])])
+               for k in part}
+    optional = [k for k in OPTIONAL_SUMS if k in present]
     SUM_KEYS = (*METRIC_SUMS, *optional)  # noqa: N806
     sums = {k: sum(float(s.get(k, 0.0)) for s in out["sums"]) for k in SUM_KEYS}
     totals = d.sum([out["loss"], out["entropy_sum"], float(out["seq_tokens"]), float(out["micro_batches"]),
