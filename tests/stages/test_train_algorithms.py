@@ -183,3 +183,21 @@ def test_overlong_penalty_is_a_reward_component_through_the_cli(tmp_path):
     bad = subprocess.run([*cmd[:-3], "--overlong-penalty", "10,20"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "L_CACHE <= L_MAX" in bad.stderr
     assert json.loads(res.stdout)["rows"] == len(lengths)
+
+
+def test_turn_level_gae_gives_each_turn_one_advantage(tmp_path):
+    """gamma 0.9: at token level the advantages fall along a turn (checked: this test fails with gae_level token)."""
+    batches = filtered(tmp_path, "gae")
+    run(batches, tmp_path / "turn", value_coef=0.5, gae_level="turn", gae_gamma=0.9, max_steps=1)
+    values = {r["trajectory_id"]: r for r in
+              pq.read_table(tmp_path / "turn" / "metrics" / "train-values-step-000001.parquet").to_pylist()}
+    batch = read_shard(scan(batches).shards[0])
+    seen_turns = 0
+    for row in batch.to_pylist():
+        adv, mask = values[row["trajectory_id"]]["advantages"], row["response_mask"]
+        for turn in row["turns"]:
+            inside = [adv[t] for t in range(turn["gen_start"], turn["gen_start"] + turn["gen_len"]) if mask[t]]
+            if len(inside) > 1:
+                seen_turns += 1
+                assert max(inside) - min(inside) < 1e-6, (row["trajectory_id"], turn["index"], inside)
+    assert seen_turns >= 4
