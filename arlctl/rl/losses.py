@@ -118,8 +118,8 @@ def gspo_loss(
     advantage per row, this is the paper's objective -1/G sum_i min(s_i A_i, clip(s_i) A_i), value and
     gradient. Returns (loss [B, T], sequence ratio [B]).
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)  # [B, 1]
+    logp = zero_off_mask(logp, mask)  # [B, T]: nothing off the mask reaches the forward or the backward
+    advantages = zero_off_mask(advantages, mask)  # [B, T]
     mask_f = mask.to(logp.dtype)  # [B, T]
     log_ratio = zero_off_mask(logp - old_logp, mask)  # [B, T]
     seq_log_ratio = log_ratio.sum(dim=-1) / mask_f.sum(dim=-1).clamp(min=1)  # [B]

@@ -43,7 +43,7 @@ def server(model_dir, tmp_path_factory):
 
 
 def rows(n: int = 2) -> pa.Table:
-    table = synthetic_table(1, group_size=n, seed=5, mean_turns=2, tokens_per_turn=10, envs=("math",))
+    table = synthetic_table(1, group_size=n, seed=5, mean_turns=3, tokens_per_turn=40, envs=("math",))
     return table.set_column(table.schema.get_field_index("status"), "status", pa.array(["ok"] * n))
 
 
