@@ -64,6 +64,7 @@ MODES: dict[str, tuple[str, dict]] = {
     "reinforce++": ("reinforce++", {"kl_in_reward": 0.01}),
     "gae (critic)": ("gae", {"value_coef": 0.5, "gae_lambda": 0.95}),
     "distill": ("distill", {"distill_coef": 1.0, "distill_task_coef": 0.0}),
+    "distill + task": ("distill", {"distill_coef": 1.0, "distill_task_coef": 1.0}),
 }
 
 
@@ -164,7 +165,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="arlctl-algos-") as scratch:
         root = Path(scratch)
         teacher_dir = None
-        if "distill" in chosen:
+        if any(MODES[m][0] == "distill" for m in chosen):
             teacher_dir = root / "teacher"
             started = time.perf_counter()
             curve = run_mode("group", {}, 0, root / "teacher-run", args.teacher_steps, save_to=teacher_dir)

@@ -152,6 +152,7 @@ class TrainerState:
         model_sd, optim_sd = get_state_dict(holder, self.optimizer, options=options)
         model_sd = self._trained_only(model_sd)
         loaded = {"model": model_sd, "optim": optim_sd}
+        self._same_critic(directory)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: expected
             dcp.load(loaded, checkpoint_id=str(directory / TRAINER_DIR))
@@ -162,6 +163,19 @@ class TrainerState:
         ckpt.set_rng_state(torch.load(rng if rng.is_file() else directory / TRAINER_DIR / "rng-0.pt",
                                       weights_only=False))
         self._copy_master_to_module()
+
+    def _same_critic(self, directory: Path) -> None:
+        """A checkpoint with a value head resumes only with a critic, and one without only without: a head
+        would otherwise be silently dropped, or expected where the shards hold none."""
+        import torch.distributed.checkpoint as dcp
+
+        keys = dcp.FileSystemReader(str(directory / TRAINER_DIR)).read_metadata().state_dict_metadata
+        has_head = any(k.startswith("model.value_head.") for k in keys)
+        if has_head != (self.cfg.value_coef > 0):
+            raise UsageError(f"{directory} was trained {'with' if has_head else 'without'} a critic (value head), "
+                             f"and this train has --value-coef {self.cfg.value_coef}",
+                             hint="resume with --value-coef > 0" if has_head else
+                             "a critic starts with its run: train into a new --out (from this policy) for PPO with a critic")
 
     def _load_legacy(self, directory: Path) -> None:
         """A checkpoint from before sharded checkpoints: optimizer.pt / scheduler.pt / rng.pt, one process."""

@@ -201,3 +201,14 @@ def test_turn_level_gae_gives_each_turn_one_advantage(tmp_path):
                 seen_turns += 1
                 assert max(inside) - min(inside) < 1e-6, (row["trajectory_id"], turn["index"], inside)
     assert seen_turns >= 4
+
+
+def test_a_critic_cannot_appear_or_vanish_on_resume(tmp_path):
+    batches = filtered(tmp_path, "group", n_batches=2)
+    run(batches, tmp_path / "plain", max_steps=1)
+    with pytest.raises(UsageError, match="without a critic"):
+        run(batches, tmp_path / "plain", value_coef=0.5)
+    run(batches, tmp_path / "critic", value_coef=0.5, max_steps=1)
+    with pytest.raises(UsageError, match="with a critic"):
+        run(batches, tmp_path / "critic")
+    assert run(batches, tmp_path / "critic", value_coef=0.5)["resumed_from"] == 1
