@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The repo root, as `python -m pytest` from it has it: tests import the benchmarks' shared pieces
+# (benchmarks.toy_loop) when pytest runs from its own script too.
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:
+    sys.path.append(REPO_ROOT)
 
 # Nothing may come from a model hub at run time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
