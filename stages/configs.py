@@ -24,6 +24,7 @@ PUBLISH_FORMATS = ("merged", "adapter")
 DEFAULT_KEEP_STATUS = ("ok",)
 NOTIFY_FLAVORS = ("vllm", "sglang")
 GAE_LEVELS = ("token", "turn")
+DISTILL_BASELINES = ("batch", "none")
 
 
 @dataclass
@@ -76,6 +77,9 @@ class TrainConfig:
                                        "student) log-prob per token.")
     distill_task_coef: float = setting(0.0, "Batches filtered with --adv distill: the weight of the task-reward "
                                             "advantage filter wrote (0: distillation alone).")
+    distill_baseline: str = setting("batch", "Batches filtered with --adv distill: batch (subtract the mean of "
+                                             "teacher - student over the batch's trained tokens: a baseline, "
+                                             "unbiased, far lower variance) | none.")
     teacher_kl_coef: float = setting(0.0, "k3 KL to the --teacher's log-probs as a loss term.")
     micro_tokens: int = setting(8192, "Padded tokens per micro-batch.")
     precision: str = setting("fp32", "fp32 | bf16: bf16 weights and compute with fp32 master weights and optimizer "
@@ -154,7 +158,8 @@ class TrainConfig:
         from arlctl.rl.correction import IS_LEVELS, IS_MODES
 
         for flag, value, allowed in (("--is-level", self.is_level, IS_LEVELS), ("--is-mode", self.is_mode, IS_MODES),
-                                     ("--gae-level", self.gae_level, GAE_LEVELS)):
+                                     ("--gae-level", self.gae_level, GAE_LEVELS),
+                                     ("--distill-baseline", self.distill_baseline, DISTILL_BASELINES)):
             if value not in allowed:
                 raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
         if self.tis_cap is None and (self.is_level != "token" or self.is_mode != "truncate" or self.is_low is not None):

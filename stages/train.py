@@ -141,6 +141,8 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
         token_values = estimators.gae_columns(lambda mb: _score(model, mb, with_values=True,
                                                                  temperature=cfg.temperature)[2],
                                               batch, columns, plan, steps, cfg, d, device)
+    elif estimator == "distill":
+        estimators.distill_columns(teacher, columns, plan, steps, cfg, d, device)
     elif estimator == "reinforce++" and cfg.kl_in_reward:
         estimators.reinforce_pp_columns(lambda mb: _reference_logp(model, ref_model, mb, cfg, force=True),
                                         batch, columns, plan, steps, cfg, d, device)
@@ -152,7 +154,7 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": len(plan),
                            "token_values": token_values}
     denominators = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_tokens": norm_tokens}
-    use_teacher = teacher is not None and (estimator == "distill" or bool(cfg.teacher_kl_coef))
+    use_teacher = teacher is not None and bool(cfg.teacher_kl_coef)  # the loss term (distill's pass ran above)
     for k in range(steps):
         rows = plan[k] if k < len(plan) else None
         mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
@@ -165,10 +167,7 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
                 loss, sums = sft_loss(logp, mb.loss_mask, loss_cfg, weights=mb.weights, ref_logp=ref_logp,
                                       behaviour_logp=mb.behaviour_logp, **denominators)
             else:
-                advantages = mb.advantages  # [B] or [B, L-1]
-                if estimator == "distill":
-                    advantages = estimators.distill_token_advantages(advantages, teacher_logp, mb, cfg)  # [B, L-1]
-                loss, sums = policy_loss(logp, mb.behaviour_logp, advantages, mb.loss_mask, loss_cfg,
+                loss, sums = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.loss_mask, loss_cfg,
                                          weights=mb.weights, ref_logp=ref_logp, teacher_logp=teacher_logp,
                                          **denominators)
             if critic:  # the value loss, or a zero that keeps the head in every rank's graph (a collective)

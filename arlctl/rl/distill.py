@@ -4,7 +4,11 @@ The student samples (rollout), the teacher scores the same tokens, and each toke
 teacher would have said: the per-token advantage is the negative reverse-KL estimate
   A_t = coef * (log pi_teacher(y_t) - log pi_student(y_t))
 (Agarwal et al. 2024, GKD; Thinking Machines, "On-policy distillation", 2025), which is dense, needs no
-reward, and mixes with a task advantage by addition. `train --adv` of a batch filtered with `--adv distill`
+reward, and mixes with a task advantage by addition. train subtracts a baseline, the batch's mean of
+teacher - student (`--distill-baseline batch`, the default): unbiased (the expected score-function gradient of a
+constant is 0) and, where a student starts far from its teacher, the difference between learning and not (on
+the toy of docs/learning/algorithms.md every sampled token's gap is about -10 nats; without the baseline each
+step only pushes sampled tokens down). `train --adv` of a batch filtered with `--adv distill`
 adds it to the row's task advantage (scaled by `--distill-task-coef`); `--teacher-kl-coef` instead adds
 the k3 KL to the teacher as a loss term (arlctl/rl/losses.py `policy_loss`).
 

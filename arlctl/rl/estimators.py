@@ -14,8 +14,10 @@ and on-policy distillation against a teacher (DESIGN.md §9).
   reinforce++  with --kl-in-reward B: a no-gradient pass of the reference gives kl_t = behaviour - reference
                log-prob (k1); returns with the KL penalty (advantages.reinforce_pp_returns), normalised over
                every trained token of the batch (all ranks)
-  distill      per micro-batch, task coef x the row's advantage + distill coef x (teacher - behaviour)
-               log-prob per token (arlctl/rl/distill.py)
+  distill      a no-gradient pass of the teacher gives its log-probs of every trained token; the advantage is
+               task coef x the row's advantage + distill coef x ((teacher - behaviour) - b) per token, with
+               b the mean of teacher - behaviour over the batch's trained tokens (all ranks) under
+               --distill-baseline batch, 0 under none (arlctl/rl/distill.py)
 
 Each rank computes its own rows; the whitening and normalisation statistics are summed over ranks, so N ranks
 give what one process would. The passes run as many micro-batches on every rank (collectives under FSDP2).
@@ -248,8 +250,31 @@ def teacher_logp(teacher: Any, mb: MicroBatch, temperature: float) -> torch.Tens
         return score_tokens(teacher, mb, temperature=temperature)[0]
 
 
-def distill_token_advantages(advantages: torch.Tensor, teacher_lp: torch.Tensor, mb: MicroBatch, cfg: Any) -> torch.Tensor:
-    """task coef x the batch's advantage + distill coef x (teacher - behaviour) per token. [B] or [B, T] -> [B, T]."""
-    task = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
-    dense = distill_advantages(teacher_lp.float(), mb.behaviour_logp, mb.loss_mask, cfg.distill_coef)  # [B, T]
-    return cfg.distill_task_coef * task + dense
+def distill_columns(teacher: Any, columns: dict[str, list], plan: list[list[int]], steps: int, cfg: Any,
+                    d: dd.Dist, device: torch.device) -> None:
+    """Fill columns["token_advantage"] for this rank's rows: the task advantage (x --distill-task-coef) plus
+    --distill-coef x (teacher - behaviour - baseline) per trained token (see the module docstring)."""
+    prompt_lens = [len(p) for p in columns["prompt_ids"]]
+    response_lens = [len(r) for r in columns["response_ids"]]
+    gaps: list[list[float]] = [[] for _ in prompt_lens]
+    tasks: list[list[float]] = [[] for _ in prompt_lens]
+    with torch.no_grad():
+        for k in range(steps):
+            rows = plan[k] if k < len(plan) else None
+            mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
+            teacher_lp = teacher_logp(teacher, mb, cfg.temperature)  # [B, L-1]: a collective under FSDP2
+            if not rows:
+                continue
+            gap = distill_advantages(teacher_lp.float(), mb.behaviour_logp, mb.loss_mask)  # [B, L-1]
+            task = mb.advantages.unsqueeze(-1).expand_as(gap) if mb.advantages.dim() == 1 else mb.advantages
+            lens = ([prompt_lens[i] for i in rows], [response_lens[i] for i in rows])
+            for i, g, t in zip(rows, response_values(gap, mb, *lens), response_values(task, mb, *lens), strict=True):
+                gaps[i], tasks[i] = g, t
+    masks = columns["response_mask"]
+    trained = [(g, m) for row, mask in zip(gaps, masks, strict=True) for g, m in zip(row, mask, strict=False)]
+    total, count = d.sum([sum(g for g, m in trained if m), float(sum(m for _, m in trained))])
+    baseline = total / count if cfg.distill_baseline == "batch" and count else 0.0
+    columns["token_advantage"] = [
+        [cfg.distill_task_coef * t + cfg.distill_coef * (g - baseline) if m else 0.0
+         for g, t, m in zip(row_gap, row_task, mask, strict=False)] if row_gap else []
+        for row_gap, row_task, mask in zip(gaps, tasks, masks, strict=True)]

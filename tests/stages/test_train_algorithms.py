@@ -212,3 +212,32 @@ def test_a_critic_cannot_appear_or_vanish_on_resume(tmp_path):
     with pytest.raises(UsageError, match="with a critic"):
         run(batches, tmp_path / "critic")
     assert run(batches, tmp_path / "critic", value_coef=0.5)["resumed_from"] == 1
+
+
+def test_distillation_baseline_is_the_batch_mean_gap(tmp_path):
+    """--distill-baseline batch: advantage = teacher - behaviour - mean gap over the batch's trained tokens (0 on
+    average); none: the raw gap. Computed over two micro-batches, which must not change the baseline."""
+    from arlctl.rl import distributed as dd
+    from arlctl.rl.batching import batch_columns, collate, score_tokens
+    from arlctl.rl.estimators import distill_columns
+    from arlctl.stages.train import load_model
+
+    batch = read_shard(scan(filtered(tmp_path, "distill")).shards[0])
+    teacher = load_model(tiny_model_dir())
+    with torch.no_grad():
+        torch.manual_seed(1)
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # a teacher that disagrees a little
+    rows = list(range(batch.num_rows))
+    mb = collate(batch, rows)
+    with torch.no_grad():
+        gap = score_tokens(teacher, mb)[0] - mb.behaviour_logp  # [B, L-1]
+    mean_gap = float(gap[mb.loss_mask].mean())
+    for baseline, expected_shift in (("batch", mean_gap), ("none", 0.0)):
+        cfg = TrainConfig(teacher="x", distill_baseline=baseline, distill_task_coef=0.0, distill_coef=2.0)
+        columns = batch_columns(batch)
+        distill_columns(teacher, columns, [rows[:2], rows[2:]], 2, cfg, dd.Dist(), torch.device("cpu"))
+        got = collate(columns, rows).advantages  # [B, L-1]
+        want = 2.0 * (gap - expected_shift)
+        assert float((got - want)[mb.loss_mask].abs().max()) < 1e-4, baseline
+    assert abs(mean_gap) > 1e-3  # the baseline removes something
