@@ -10,7 +10,7 @@ above the target (an arm that never gets there within --max-steps is censored at
 
 The distillation teacher is the policy that the baseline (ppo-clip, group) reached on seed 0 after
 --teacher-steps steps: a model that already solves the task, which the student imitates with no task reward
-(--distill-task-coef 0).
+(--distill-task-coef 0) or with it (1), with the batch baseline (the default) or without.
 
     .venv/bin/python benchmarks/algorithms_compare.py --seeds 8 --max-steps 20 --json docs/learning/algorithms.json
 
@@ -21,7 +21,6 @@ the end. Settings: rules lower,letter (docs/learning/turn_credit.md), 4 tasks x 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -32,24 +31,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.toy_loop` when run as a script
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import torch  # noqa: E402
+from benchmarks.toy_loop import TARGET, run_arm  # noqa: E402
 
-from arlctl.envs import toy  # noqa: E402
-from arlctl.envs.registry import env_factory, get_reward  # noqa: E402
-from arlctl.inference.hf import HFPolicy  # noqa: E402
-from arlctl.models import tiny_model_dir  # noqa: E402
-from arlctl.rl.distributed import ScoringModel  # noqa: E402
-from arlctl.schemas.rows import rows_to_table  # noqa: E402
-from arlctl.stages.configs import FilterConfig, TrainConfig  # noqa: E402
-from arlctl.stages.filter import apply_rules, pack_batches  # noqa: E402
-from arlctl.stages.reward import reward_table  # noqa: E402
-from arlctl.stages.rollout import RolloutConfig, rollout  # noqa: E402
-from arlctl.stages.train import load_model, lr_lambda, train_step  # noqa: E402
-
-TASKS_PER_STEP, GROUP_SIZE, LR, TARGET, RULES = 4, 8, 3e-2, 0.9, ("lower", "letter")  # defaults; see main()
+TASKS_PER_STEP, GROUP_SIZE, LR, RULES = 4, 8, 3e-2, ("lower", "letter")  # defaults; see main()
 
 # mode name -> (filter --adv, train options). Each differs from the baseline in what it names only.
 MODES: dict[str, tuple[str, dict]] = {
@@ -65,61 +51,20 @@ MODES: dict[str, tuple[str, dict]] = {
     "gae (critic)": ("gae", {"value_coef": 0.5, "gae_lambda": 0.95}),
     "distill": ("distill", {"distill_coef": 1.0, "distill_task_coef": 0.0}),
     "distill + task": ("distill", {"distill_coef": 1.0, "distill_task_coef": 1.0}),
+    "distill (no baseline)": ("distill", {"distill_coef": 1.0, "distill_task_coef": 0.0, "distill_baseline": "none"}),
+    "distill + task (no baseline)": ("distill", {"distill_coef": 1.0, "distill_task_coef": 1.0,
+                                                "distill_baseline": "none"}),
 }
 
 
 def run_mode(adv: str, options: dict, seed: int, workdir: Path, max_steps: int, teacher_dir: Path | None = None,
              save_to: Path | None = None) -> list[float]:
-    """The mean outcome of each step's rollouts for one mode and seed; stops after the first at >= TARGET
-    (unless save_to is given: then it trains max_steps steps and saves the policy there)."""
-    torch.manual_seed(seed)
-    start = tiny_model_dir()
-    settings = {"lr": LR, "eps_low": 0.2, "eps_high": 0.28, "seed": seed, **options}
-    if adv == "distill":
-        settings["teacher"] = str(teacher_dir)
-    cfg = TrainConfig(**settings)
-    cfg.check()
-    lm = load_model(start)
-    model = ScoringModel(lm, value_head=True) if cfg.value_coef else lm
-    ref = load_model(start).requires_grad_(False).eval() if cfg.needs_reference() else None
-    teacher = load_model(teacher_dir).requires_grad_(False).eval() if adv == "distill" else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=cfg.adam_betas, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    filter_cfg = FilterConfig(adv=adv, batch_groups=TASKS_PER_STEP, keep_uniform=1.0 if adv == "reinforce++" else 0.0)
-    rollout_cfg = RolloutConfig(env=toy.TWO_ENV_NAME, group_size=GROUP_SIZE, concurrency=TASKS_PER_STEP * GROUP_SIZE,
-                                max_turns=2, max_new_tokens=1, seed=seed)
-    reward = get_reward(toy.TWO_ENV_NAME)
-    policy = HFPolicy(start, max_batch=1)  # one request at a time: reruns repeat the curve exactly
-    curve: list[float] = []
-    try:
-        for step in range(max_steps + 1):
-            rows: list = []
-
-            async def sink(group: list, rows: list = rows) -> None:
-                rows.extend(group)
-
-            options = {"n": str(TASKS_PER_STEP), "seed": str(step)} | ({"rules": ",".join(RULES)} if RULES else {})
-            tasks = toy._builtin_two(options)
-            asyncio.run(rollout(tasks, policy, env_factory(toy.TWO_ENV_NAME), rollout_cfg, sink))
-            table = reward_table(rows_to_table(rows), reward)
-            curve.append(float(np.mean(table.column("reward").to_numpy())))
-            if step == max_steps or (save_to is None and curve[-1] >= TARGET):
-                break
-            result = apply_rules(table, filter_cfg, current_version=step)
-            kept = np.flatnonzero(result.keep)
-            batches, _ = pack_batches(table.take(pa.array(kept, pa.int64())), result.weight[kept], filter_cfg)
-            for batch in batches:  # none when every group was uniform: the weights stay
-                train_step(model, ref, optimizer, scheduler, batch, cfg, version=step, estimator=adv, teacher=teacher)
-            lm.save_pretrained(workdir / "policy")
-            asyncio.run(policy.reload(str(workdir / "policy"), step + 1))
-    finally:
-        asyncio.run(policy.close())
-    if save_to is not None:
-        lm.save_pretrained(save_to)
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(start).save_pretrained(save_to)
-    return curve
+    """The mean outcome of each step's rollouts for one mode and seed (benchmarks/toy_loop.py `run_arm`); stops
+    after the first at >= TARGET, unless save_to is given: then it trains max_steps steps and saves the policy."""
+    return run_arm(adv, seed, workdir, max_steps=max_steps, lr=LR, group_size=GROUP_SIZE, tasks_per_step=TASKS_PER_STEP,
+                   stop_at_target=save_to is None, rules=RULES, train_overrides=options,
+                   filter_overrides={"keep_uniform": 1.0} if adv == "reinforce++" else None,
+                   teacher_dir=teacher_dir if adv == "distill" else None, save_to=save_to)
 
 
 def steps_to_target(curve: list[float], max_steps: int) -> tuple[int, bool]:
@@ -140,7 +85,7 @@ def t_interval(values: list[float]) -> tuple[float, float]:
 
 
 def main() -> None:
-    global LR, TARGET, TASKS_PER_STEP, RULES  # noqa: PLW0603 (one run's settings, read by run_mode)
+    global LR, TASKS_PER_STEP, RULES  # noqa: PLW0603 (one run's settings, read by run_mode)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=20)
@@ -148,12 +93,11 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the mode names")
     parser.add_argument("--json", type=Path, help="write every curve and the table here")
     parser.add_argument("--lr", type=float, default=LR)
-    parser.add_argument("--target", type=float, default=TARGET)
     parser.add_argument("--tasks-per-step", type=int, default=TASKS_PER_STEP)
     parser.add_argument("--rules", default=",".join(RULES), help="the turns' first-character classes; '' for the "
                                                                   "env's default (space, then letter)")
     args = parser.parse_args()
-    LR, TARGET, TASKS_PER_STEP = args.lr, args.target, args.tasks_per_step
+    LR, TASKS_PER_STEP = args.lr, args.tasks_per_step
     RULES = tuple(r for r in args.rules.split(",") if r)
     chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in MODES]

@@ -30,6 +30,7 @@ from arlctl.envs import toy
 from arlctl.envs.registry import env_factory, get_reward
 from arlctl.inference.hf import HFPolicy
 from arlctl.models import tiny_model_dir
+from arlctl.rl.distributed import ScoringModel
 from arlctl.schemas.rows import rows_to_table
 from arlctl.stages.configs import FilterConfig, TrainConfig
 from arlctl.stages.filter import apply_rules, pack_batches
@@ -51,7 +52,8 @@ def run_arm(adv: str, seed: int, workdir: Path, max_steps: int = MAX_STEPS, lr: 
             group_size: int = GROUP_SIZE, tasks_per_step: int = TASKS_PER_STEP, gamma: float = GAMMA,
             stop_at_target: bool = True, per_turn: list[dict[str, float]] | None = None,
             rules: tuple[str, ...] | None = RULES, train_overrides: dict[str, Any] | None = None,
-            filter_overrides: dict[str, Any] | None = None, batches: list[pa.Table] | None = None) -> list[float]:
+            filter_overrides: dict[str, Any] | None = None, batches: list[pa.Table] | None = None,
+            teacher_dir: Path | None = None, save_to: Path | None = None) -> list[float]:
     """Mean outcome of each step's rollouts, for one arm (`adv`: filter's --adv); stops after the first at
     >= TARGET unless told not.
 
@@ -60,11 +62,19 @@ def run_arm(adv: str, seed: int, workdir: Path, max_steps: int = MAX_STEPS, lr: 
     default (space, then letter: the earlier measurements in the docs).
     train_overrides / filter_overrides: TrainConfig / FilterConfig fields that replace the ones set here
     (None: none; the optimizer takes its lr and weight decay from the TrainConfig).
-    batches: if given, gets every packed batch that was trained on, in order."""
+    batches: if given, gets every packed batch that was trained on, in order.
+    The train side follows the settings as `arlctl train` would: a value head on the policy with --value-coef,
+    the frozen initial policy with --kl-coef / --kl-in-reward, and for --adv distill the teacher at
+    `teacher_dir`; each batch is trained as filtered with `adv`. save_to: the final policy is written there."""
     torch.manual_seed(seed)
     start = tiny_model_dir()
-    model = load_model(start)
-    train_cfg = TrainConfig(**{"lr": lr, "eps_low": 0.2, "eps_high": 0.28, "seed": seed, **(train_overrides or {})})
+    lm = load_model(start)
+    train_cfg = TrainConfig(**{"lr": lr, "eps_low": 0.2, "eps_high": 0.28, "seed": seed, **(train_overrides or {}),
+                               **({"teacher": str(teacher_dir)} if teacher_dir is not None else {})})
+    train_cfg.check()
+    model = ScoringModel(lm, value_head=True) if train_cfg.value_coef else lm
+    ref = load_model(start).requires_grad_(False).eval() if train_cfg.needs_reference() else None
+    teacher = load_model(teacher_dir).requires_grad_(False).eval() if teacher_dir is not None else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg.lr, betas=train_cfg.adam_betas,
                                   weight_decay=train_cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg))
@@ -99,13 +109,19 @@ def run_arm(adv: str, seed: int, workdir: Path, max_steps: int = MAX_STEPS, lr: 
             kept = np.flatnonzero(result.keep)
             packed, _ = pack_batches(table.take(pa.array(kept, pa.int64())), result.weight[kept], filter_cfg)
             for batch in packed:  # none when every group was uniform: the weights stay
-                train_step(model, None, optimizer, scheduler, batch, train_cfg, version=step)
+                train_step(model, ref, optimizer, scheduler, batch, train_cfg, version=step, estimator=adv,
+                           teacher=teacher)
                 if batches is not None:
                     batches.append(batch)
-            model.save_pretrained(workdir / "policy")
+            lm.save_pretrained(workdir / "policy")
             asyncio.run(policy.reload(str(workdir / "policy"), step + 1))
     finally:
         asyncio.run(policy.close())
+    if save_to is not None:
+        from transformers import AutoTokenizer
+
+        lm.save_pretrained(save_to)
+        AutoTokenizer.from_pretrained(start).save_pretrained(save_to)
     return curve
 
 
