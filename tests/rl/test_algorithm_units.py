@@ -55,6 +55,22 @@ def test_gspo_sequence_ratio_clip_and_gradient():
     close(logp.grad, [[0.0, 0.0, 0.0], [-1.1, 0.0, -1.1], [1.414214, 1.414214, 0.0]])
 
 
+def test_gspo_token_form_with_per_token_advantages():
+    # GSPO-token: s_it = sg[s_i] exp(logp_it - sg logp_it), so token t's gradient is -A_it s_i (not shared)
+    # row 0: log-ratios [ln 1.1, -, 0] -> s = exp(ln 1.1 / 2) = sqrt 1.1 = 1.048809, inside [0.8, 1.2]
+    # row 1: log-ratios [ln 2, 0, -] -> s = sqrt 2 = 1.414214, above 1.2; the side is chosen per token by A's sign
+    logp = torch.tensor([[LN(1.1), 7.0, 0.0], [LN(2), 0.0, 7.0]], requires_grad=True)
+    adv = torch.tensor([[0.5, 9.0, -2.0], [1.0, -1.0, 9.0]])
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0]])
+    loss, _ = gspo_loss(logp, torch.zeros(2, 3), adv, mask, 0.2, 0.2)
+    close(loss, [[-0.524404, 0.0, 2.097618],  # -s A = -1.048809 * 0.5 and -1.048809 * -2
+                 [-1.2, 1.414214, 0.0]])  # A = +1: min(1.414, 1.2) clipped; A = -1: min(-1.414, -1.2) = -1.414
+    loss.sum().backward()
+    # -A_it s_i where unclipped; 0 on the clipped token and off the mask (an un-detached s_i would spread the
+    # row's mean advantage over its tokens instead: -1.048809 * (0.5 - 2) / 2 = 0.786607 on both of row 0)
+    close(logp.grad, [[-0.524404, 0.0, 2.097618], [0.0, 1.414214, 0.0]])
+
+
 def test_gspo_empty_row_is_zero():
     logp = torch.full((1, 3), -1.0, requires_grad=True)
     loss, seq_ratio = gspo_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.zeros(1, 3))
@@ -374,9 +390,30 @@ def test_minus_inf_behaviour_logp_on_mask_is_finite(kind, tis_cap):
     behaviour = torch.tensor([[-1.1, -INF, -0.4], [-INF, -INF, -INF]])
     for adv in (torch.tensor([1.0, -1.0]), torch.tensor([-1.0, 1.0])):
         for level in ("token", "sequence", "geometric"):
-            cfg = LossConfig(kind=kind, tis_cap=tis_cap, is_level=level,
-                             loss_agg="seq-mean-token-mean" if kind == "gspo" else "token-mean")
-            loss, sums = policy_loss(logp, behaviour, adv, torch.ones(2, 3), cfg)
-            (grad,) = torch.autograd.grad(loss, [logp])
-            assert torch.isfinite(loss) and torch.isfinite(grad).all()
-            assert all(torch.isfinite(v).all() for v in sums.values())
+            for is_mode in ("truncate", "mask"):
+                cfg = LossConfig(kind=kind, tis_cap=tis_cap, is_level=level, is_mode=is_mode,
+                                 loss_agg="seq-mean-token-mean" if kind == "gspo" else "token-mean")
+                loss, sums = policy_loss(logp, behaviour, adv, torch.ones(2, 3), cfg)
+                (grad,) = torch.autograd.grad(loss, [logp])
+                assert torch.isfinite(loss) and torch.isfinite(grad).all()
+                assert all(torch.isfinite(v).all() for v in sums.values())
+
+
+def test_minus_inf_behaviour_logp_in_the_correction_weights():
+    # token level: log w = 0 - (-inf) -> clamped to 20: truncate gives the cap 2, mask drops the token
+    prox, beh, mask = torch.zeros(1, 2), torch.tensor([[-INF, 0.0]]), torch.ones(1, 2)
+    close(rollout_is_weights(prox, beh, mask, "token", "truncate", cap=2.0)[0], [[2.0, 1.0]])
+    w, m = rollout_is_weights(prox, beh, mask, "token", "mask", cap=2.0)
+    close(w, [[0.0, 1.0]])  # exp(20) > 2: out; exp(0) = 1 kept
+    assert m.tolist() == [[True, False]]
+    # geometric: (+inf + 0) / 2 = +inf -> clamped to 20 -> exp(20) > 2: the whole row is out
+    w, m = rollout_is_weights(prox, beh, mask, "geometric", "mask", cap=2.0)
+    close(w, [[0.0, 0.0]])
+    assert m.tolist() == [[True, True]]
+
+
+def test_ess_sums_ignore_off_mask_garbage():
+    # weights [1, 3] on the mask, garbage off it: sums 4, 10, n 2 whatever the garbage
+    for bad in HOSTILE:
+        sums = ess_sums(torch.tensor([[1.0, bad, 3.0]]), torch.tensor([[1, 0, 1]]))
+        close([float(sums["is_w_sum"]), float(sums["is_w_sq_sum"]), float(sums["is_n"])], [4.0, 10.0, 2.0], atol=0)
