@@ -224,13 +224,13 @@ def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
     present = {k for part in d.gather_objects([k for k in OPTIONAL_SUMS if any(k in s for s in out["sums"])])
                for k in part}
     optional = [k for k in OPTIONAL_SUMS if k in present]
-    SUM_KEYS = (*METRIC_SUMS, *optional)  # noqa: N806
-    sums = {k: sum(float(s.get(k, 0.0)) for s in out["sums"]) for k in SUM_KEYS}
+    keys = (*METRIC_SUMS, *optional)
+    sums = {k: sum(float(s.get(k, 0.0)) for s in out["sums"]) for k in keys}
     totals = d.sum([out["loss"], out["entropy_sum"], float(out["seq_tokens"]), float(out["micro_batches"]),
                     *sums.values()])
     high = d.max([max((float(s["ratio_max"]) for s in out["sums"]), default=-math.inf)])[0]
     low = d.min([min((float(s["ratio_min"]) for s in out["sums"]), default=math.inf)])[0]
-    merged = {k: torch.tensor(v) for k, v in zip(SUM_KEYS, totals[4:], strict=True)}
+    merged = {k: torch.tensor(v) for k, v in zip(keys, totals[4:], strict=True)}
     merged.update(ratio_max=torch.tensor(high if math.isfinite(high) else 1.0),
                   ratio_min=torch.tensor(low if math.isfinite(low) else 1.0))
     token_values = {row: v for part in d.gather_objects(out["token_values"]) for row, v in part.items()}
