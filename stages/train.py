@@ -296,7 +296,7 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     """
     started = time.perf_counter()
     teacher = trainer.teacher if trainer is not None else teacher
-    estimators.check_batch_fits(estimator, model, teacher, cfg)
+    estimators.check_batch_fits(estimator, model, teacher, ref_model, cfg)
     lr = optimizer.param_groups[0]["lr"]
     d = trainer.d if trainer is not None else dd.Dist()
     lm = trainer.lm if trainer is not None else getattr(dd.unwrap(model), "lm", model)

@@ -192,7 +192,7 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
         attention[b, : p + r] = 1
         loss_mask[b, p : p + r] = torch.tensor(masks[i], dtype=torch.bool)
         behaviour[b, p : p + r] = torch.tensor(logprobs[i], dtype=torch.float32)
-    per_token = {name: _response_layout(cols[name], rows, prompts, width) if name in cols else None
+    per_token = {name: response_layout(cols[name], rows, prompts, width) if name in cols else None
                  for name in ("token_advantage", "old_values", "returns")}  # train-side estimators' [B, L-1]
     if per_token["token_advantage"] is not None:
         advantages = per_token["token_advantage"]  # [B, L-1]
@@ -214,9 +214,9 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
     )
 
 
-def _response_layout(per_row: list[list[float]], rows: list[int], prompts: list[list[int]], width: int) -> torch.Tensor:
-    """Per-row values of the response tokens (lists as long as response_ids) laid out like loss_mask [B, L-1]:
-    position t holds the value of token t + 1."""
+def response_layout(per_row: list[list[float]], rows: list[int], prompts: list[list[int]], width: int) -> torch.Tensor:
+    """Per-row values of the response tokens (per_row[i]: a list as long as row i's response_ids) for the micro-batch
+    rows `rows`, laid out like loss_mask [B, L-1] of a batch `width` tokens wide: position t holds token t + 1's."""
     out = torch.zeros(len(rows), width, dtype=torch.float32)  # [B, L]
     for b, i in enumerate(rows):
         p = len(prompts[i])

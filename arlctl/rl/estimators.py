@@ -25,7 +25,7 @@ give what one process would. The passes run as many micro-batches on every rank 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -34,12 +34,17 @@ import torch
 from arlctl.errors import TerminalError
 from arlctl.rl import distributed as dd
 from arlctl.rl.advantages import ADVANTAGE_MODES, normalise_tokens, reinforce_pp_returns
-from arlctl.rl.batching import MicroBatch, collate, response_values, score_tokens, turn_layout
+from arlctl.rl.batching import (
+    MicroBatch,
+    collate,
+    response_layout,
+    response_values,
+    score_tokens,
+    turn_layout,
+)
 from arlctl.rl.distill import distill_advantages
 from arlctl.rl.losses import aggregate_loss
 from arlctl.rl.value import gae, value_loss
-
-TRAIN_SIDE = ("gae", "distill", "reinforce++")
 
 
 def lineage_estimator(lineage: Any) -> str | None:
@@ -52,7 +57,7 @@ def lineage_estimator(lineage: Any) -> str | None:
     return adv if isinstance(adv, str) and adv in ADVANTAGE_MODES else None
 
 
-def check_batch_fits(estimator: str | None, model: Any, teacher: Any, cfg: Any) -> None:
+def check_batch_fits(estimator: str | None, model: Any, teacher: Any, ref: Any, cfg: Any) -> None:
     """A batch whose estimator needs what this trainer lacks stops the run with the fix, never trains wrongly."""
     if estimator == "gae" and not dd.has_value_head(model):
         raise TerminalError("this batch was filtered with --adv gae, whose advantages come from a critic",
@@ -60,6 +65,27 @@ def check_batch_fits(estimator: str | None, model: Any, teacher: Any, cfg: Any) 
     if estimator == "distill" and teacher is None:
         raise TerminalError("this batch was filtered with --adv distill, which needs the teacher's log-probs",
                             hint="train with --teacher MODEL_DIR_OR_URL")
+    if estimator == "reinforce++" and cfg.kl_in_reward and ref is None:
+        raise TerminalError("--kl-in-reward needs the frozen initial policy, and this trainer holds none",
+                            hint="train through `arlctl train` (it loads the reference), or pass ref_model")
+
+
+Lens = tuple[list[int], list[int]]  # (prompt lengths, response lengths) of a micro-batch's rows
+
+
+def _no_grad_pass(columns: dict[str, list], plan: list[list[int]], steps: int, device: torch.device,
+                  score: Callable[[MicroBatch], torch.Tensor]) -> Iterator[tuple[list[int], MicroBatch, Lens, torch.Tensor]]:
+    """The pre-pass of every estimator: `score` on each of `steps` micro-batches without a gradient (a rank with
+    fewer rows runs empty ones: each is a collective under FSDP2); yields (rows, mb, lens, scored) of the real ones."""
+    prompt_lens = [len(p) for p in columns["prompt_ids"]]
+    response_lens = [len(r) for r in columns["response_ids"]]
+    with torch.no_grad():
+        for k in range(steps):
+            rows = plan[k] if k < len(plan) else None
+            mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
+            scored = score(mb)  # [B, L-1]
+            if rows:
+                yield rows, mb, ([prompt_lens[i] for i in rows], [response_lens[i] for i in rows]), scored
 
 
 # ----------------------------------------------------------------------------------------------- GAE
@@ -76,34 +102,26 @@ def gae_columns(values_of: Callable[[MicroBatch], torch.Tensor], batch: pa.Table
             trajectory_shares(batch)[1] != batch.num_rows:
         raise TerminalError("--adv gae needs whole-trajectory rows: a per-turn row's return continues in another row",
                             hint="roll out with --history full (the default) for GAE, or filter with --adv turn")
-    rewards_per_row = _token_rewards(batch, cfg.gae_level)
-    prompt_lens = [len(p) for p in columns["prompt_ids"]]
-    response_lens = [len(r) for r in columns["response_ids"]]
-    n = len(prompt_lens)
-    values_rows: list[list[float]] = [[] for _ in range(n)]
-    adv_rows: list[list[float]] = [[] for _ in range(n)]
-    ret_rows: list[list[float]] = [[] for _ in range(n)]
+    layouts = turn_layout(batch)  # read once: the rewards' places and, at turn level, the steps
+    rewards_per_row = _token_rewards(batch, layouts, cfg.gae_level)
     masks = columns["response_mask"]
-    with torch.no_grad():
-        for k in range(steps):
-            rows = plan[k] if k < len(plan) else None
-            mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
-            values = values_of(mb).float()  # [B, L-1]
-            if not rows:
-                continue
-            lens = ([prompt_lens[i] for i in rows], [response_lens[i] for i in rows])
-            rewards = _layout([rewards_per_row[i] for i in rows], lens, mb.loss_mask.shape).to(device)  # [B, L-1]
-            if cfg.gae_level == "turn":
-                steps_mask = _layout([_turn_starts(batch, i, response_lens[i], masks[i]) for i in rows], lens,
-                                     mb.loss_mask.shape).to(device).bool() & mb.loss_mask  # [B, L-1]
-                adv, ret = gae(rewards, values, steps_mask, cfg.gae_gamma, cfg.gae_lambda)
-                adv, ret = (_spread_turns(x, steps_mask, mb.loss_mask) for x in (adv, ret))
-            else:
-                adv, ret = gae(rewards, values, mb.loss_mask, cfg.gae_gamma, cfg.gae_lambda)  # [B, L-1] x2
-            for name, tensor in (("values", values), ("adv", adv), ("ret", ret)):
-                target = {"values": values_rows, "adv": adv_rows, "ret": ret_rows}[name]
-                for i, vals in zip(rows, response_values(tensor, mb, *lens), strict=True):
-                    target[i] = vals
+    values_rows: list[list[float]] = [[] for _ in masks]
+    adv_rows: list[list[float]] = [[] for _ in masks]
+    ret_rows: list[list[float]] = [[] for _ in masks]
+    for rows, mb, lens, values in _no_grad_pass(columns, plan, steps, device, values_of):
+        values = values.float()  # [B, L-1]
+        width = mb.input_ids.shape[1]
+        rewards = response_layout(rewards_per_row, rows, columns["prompt_ids"], width).to(device)  # [B, L-1]
+        if cfg.gae_level == "turn":
+            starts = {i: _turn_starts(layouts[i], masks[i]) for i in rows}
+            steps_mask = response_layout(starts, rows, columns["prompt_ids"], width).to(device).bool() & mb.loss_mask
+            adv, ret = gae(rewards, values, steps_mask, cfg.gae_gamma, cfg.gae_lambda)
+            adv, ret = (_spread_turns(x, steps_mask, mb.loss_mask) for x in (adv, ret))
+        else:
+            adv, ret = gae(rewards, values, mb.loss_mask, cfg.gae_gamma, cfg.gae_lambda)  # [B, L-1] x2
+        for target, tensor in ((values_rows, values), (adv_rows, adv), (ret_rows, ret)):
+            for i, vals in zip(rows, response_values(tensor, mb, *lens), strict=True):
+                target[i] = vals
     if cfg.gae_whiten:
         adv_rows = _whiten(adv_rows, masks, d)
     columns.update(token_advantage=adv_rows, old_values=values_rows, returns=ret_rows)
@@ -111,11 +129,10 @@ def gae_columns(values_of: Callable[[MicroBatch], torch.Tensor], batch: pa.Table
     return {i: {"values": values_rows[i], "returns": ret_rows[i], "advantages": adv_rows[i]} for i in mine}
 
 
-def _token_rewards(batch: pa.Table, level: str) -> list[list[float]]:
+def _token_rewards(batch: pa.Table, layouts: list[list[tuple[int, int, Any]]], level: str) -> list[list[float]]:
     """Per row, response-aligned: each turn's step reward at its last token (turn level: at its first), and the
-    row's reward (the outcome) at its last trained token."""
+    row's reward (the outcome) at its last trained token (turn level: its last turn's first)."""
     out = []
-    layouts = turn_layout(batch)
     for spans, reward, mask in zip(layouts, batch.column("reward").to_pylist(), batch.column("response_mask").to_pylist(),
                                    strict=True):
         rewards = [0.0] * len(mask)
@@ -136,10 +153,10 @@ def _turn_first_trained(span: tuple[int, int, Any], mask: list[int]) -> int | No
     return next((t for t in range(start, min(start + length, len(mask))) if mask[t]), None)
 
 
-def _turn_starts(batch: pa.Table, row: int, length: int, mask: list[int]) -> list[float]:
-    """1.0 at the first trained token of each turn of `row` (the steps of --gae-level turn)."""
-    starts = [0.0] * length
-    for span in turn_layout(batch.slice(row, 1))[0]:
+def _turn_starts(spans: list[tuple[int, int, Any]], mask: list[int]) -> list[float]:
+    """1.0 at the first trained token of each turn of a row (the steps of --gae-level turn), response-aligned."""
+    starts = [0.0] * len(mask)
+    for span in spans:
         first = _turn_first_trained(span, mask)
         if first is not None:
             starts[first] = 1.0
@@ -153,13 +170,6 @@ def _spread_turns(values: torch.Tensor, steps_mask: torch.Tensor, loss_mask: tor
     for t in range(values.shape[-1]):
         current = torch.where(steps_mask[:, t], values[:, t], current)
         out[:, t] = torch.where(loss_mask[:, t], current, torch.zeros_like(current))
-    return out
-
-
-def _layout(per_row: list[list[float]], lens: tuple[list[int], list[int]], shape: torch.Size) -> torch.Tensor:
-    out = torch.zeros(shape, dtype=torch.float32)  # [B, L-1]
-    for b, (p, values) in enumerate(zip(lens[0], per_row, strict=True)):
-        out[b, p - 1 : p - 1 + len(values)] = torch.tensor(values, dtype=torch.float32)
     return out
 
 
@@ -216,23 +226,14 @@ def reinforce_pp_columns(ref_logp_of: Callable[[MicroBatch], torch.Tensor], batc
                          plan: list[list[int]], steps: int, cfg: Any, d: dd.Dist, device: torch.device) -> None:
     """Fill columns["token_advantage"] for this rank's rows: REINFORCE++ returns with the KL reward, normalised
     over the whole batch."""
-    prompt_lens = [len(p) for p in columns["prompt_ids"]]
-    response_lens = [len(r) for r in columns["response_ids"]]
     outcomes = [0.0 if r is None else float(r) for r in batch.column("reward").to_pylist()]
-    returns_rows: list[list[float]] = [[] for _ in prompt_lens]
-    with torch.no_grad():
-        for k in range(steps):
-            rows = plan[k] if k < len(plan) else None
-            mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
-            ref_logp = ref_logp_of(mb)  # [B, L-1]
-            if not rows:
-                continue
-            kl = (mb.behaviour_logp - ref_logp.float()) if ref_logp is not None else torch.zeros_like(mb.behaviour_logp)
-            returns = reinforce_pp_returns(torch.tensor([outcomes[i] for i in rows]), kl, mb.loss_mask,
-                                           cfg.kl_in_reward)  # [B, L-1] float64
-            lens = ([prompt_lens[i] for i in rows], [response_lens[i] for i in rows])
-            for i, vals in zip(rows, response_values(returns, mb, *lens), strict=True):
-                returns_rows[i] = vals
+    returns_rows: list[list[float]] = [[] for _ in outcomes]
+    for rows, mb, lens, ref_logp in _no_grad_pass(columns, plan, steps, device, ref_logp_of):
+        kl = mb.behaviour_logp - ref_logp.float()  # [B, L-1] k1 of KL(pi_behaviour || pi_ref)
+        returns = reinforce_pp_returns(torch.tensor([outcomes[i] for i in rows]), kl, mb.loss_mask,
+                                       cfg.kl_in_reward)  # [B, L-1] float64
+        for i, vals in zip(rows, response_values(returns, mb, *lens), strict=True):
+            returns_rows[i] = vals
     columns["token_advantage"] = _whiten(returns_rows, columns["response_mask"], d)
 
 
@@ -254,22 +255,14 @@ def distill_columns(teacher: Any, columns: dict[str, list], plan: list[list[int]
                     d: dd.Dist, device: torch.device) -> None:
     """Fill columns["token_advantage"] for this rank's rows: the task advantage (x --distill-task-coef) plus
     --distill-coef x (teacher - behaviour - baseline) per trained token (see the module docstring)."""
-    prompt_lens = [len(p) for p in columns["prompt_ids"]]
-    response_lens = [len(r) for r in columns["response_ids"]]
-    gaps: list[list[float]] = [[] for _ in prompt_lens]
-    tasks: list[list[float]] = [[] for _ in prompt_lens]
-    with torch.no_grad():
-        for k in range(steps):
-            rows = plan[k] if k < len(plan) else None
-            mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
-            teacher_lp = teacher_logp(teacher, mb, cfg.temperature)  # [B, L-1]: a collective under FSDP2
-            if not rows:
-                continue
-            gap = distill_advantages(teacher_lp.float(), mb.behaviour_logp, mb.loss_mask)  # [B, L-1]
-            task = mb.advantages.unsqueeze(-1).expand_as(gap) if mb.advantages.dim() == 1 else mb.advantages
-            lens = ([prompt_lens[i] for i in rows], [response_lens[i] for i in rows])
-            for i, g, t in zip(rows, response_values(gap, mb, *lens), response_values(task, mb, *lens), strict=True):
-                gaps[i], tasks[i] = g, t
+    gaps: list[list[float]] = [[] for _ in columns["prompt_ids"]]
+    tasks: list[list[float]] = [[] for _ in columns["prompt_ids"]]
+    for rows, mb, lens, teacher_lp in _no_grad_pass(columns, plan, steps, device,
+                                                    lambda mb: teacher_logp(teacher, mb, cfg.temperature)):
+        gap = distill_advantages(teacher_lp.float(), mb.behaviour_logp, mb.loss_mask)  # [B, L-1]
+        task = mb.advantages.unsqueeze(-1).expand_as(gap) if mb.advantages.dim() == 1 else mb.advantages
+        for i, g, t in zip(rows, response_values(gap, mb, *lens), response_values(task, mb, *lens), strict=True):
+            gaps[i], tasks[i] = g, t
     masks = columns["response_mask"]
     trained = [(g, m) for row, mask in zip(gaps, masks, strict=True) for g, m in zip(row, mask, strict=False)]
     total, count = d.sum([sum(g for g, m in trained if m), float(sum(m for _, m in trained))])
