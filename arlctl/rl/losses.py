@@ -391,8 +391,10 @@ def finalize_metrics(sums: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     if "value_loss" in extra:
         for key in ("value_loss", "value_clip_frac", "value_mean", "return_mean"):
             out[key] = extra[key] / tokens
+        # 1 - Var(R - V) / Var(R), population variances, as arlctl/rl/value.py `explained_variance`
         return_var = extra["return_sq"] / tokens - out["return_mean"] ** 2
-        out["explained_var"] = 1.0 - (extra["value_sq_err"] / tokens) / return_var if return_var > 1e-12 else 0.0
+        error_var = extra["value_sq_err"] / tokens - (out["return_mean"] - out["value_mean"]) ** 2
+        out["explained_var"] = 1.0 - error_var / return_var if return_var > 1e-12 else 0.0
     out["ratio_max"] = max((float(s["ratio_max"]) for s in sums), default=1.0)
     out["ratio_min"] = min((float(s["ratio_min"]) for s in sums), default=1.0)
     return out

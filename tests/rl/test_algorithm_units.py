@@ -417,3 +417,19 @@ def test_ess_sums_ignore_off_mask_garbage():
     for bad in HOSTILE:
         sums = ess_sums(torch.tensor([[1.0, bad, 3.0]]), torch.tensor([[1, 0, 1]]))
         close([float(sums["is_w_sum"]), float(sums["is_w_sq_sum"]), float(sums["is_n"])], [4.0, 10.0, 2.0], atol=0)
+
+
+def test_step_metric_explained_var_is_value_explained_variance():
+    """finalize_metrics builds explained_var from summed micro-batch pieces; it must equal the function's 1 - Var(R - V) / Var(R)."""
+    from arlctl.rl.losses import METRIC_SUMS, finalize_metrics
+
+    gen = torch.Generator().manual_seed(0)
+    values, returns = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    mask = torch.rand(3, 5, generator=gen) > 0.3
+    on = mask.double()
+    v, r = values.double() * on, returns.double() * on
+    sums = {k: torch.tensor(0.0) for k in METRIC_SUMS} | {
+        "tokens": on.sum(), "ratio_max": torch.tensor(1.0), "ratio_min": torch.tensor(1.0),
+        "value_loss": torch.tensor(0.0), "value_clip_frac": torch.tensor(0.0), "value_sq_err": ((v - r) ** 2).sum(),
+        "value_mean": v.sum(), "return_mean": r.sum(), "return_sq": (r * r).sum()}
+    close(finalize_metrics([sums])["explained_var"], explained_variance(values, returns, mask))
