@@ -145,10 +145,8 @@ def test_distillation_moves_toward_the_teacher_and_not_at_all_from_itself(tmp_pa
 
 def test_reinforce_pp_kl_reward_changes_the_step(tmp_path):
     batches = filtered(tmp_path, "reinforce++")
-    teacherless = dict(kl_coef=0.0, max_steps=1)
-    run(batches, tmp_path / "plain", **teacherless)
-    # The reference is the initial policy and the rows are on-policy: kl_t = 0 at step 1, so the KL reward
-    # only shifts the per-token returns when beta scales a non-zero KL; force one by perturbing the rows.
+    # The reference is the initial policy and the rows are on-policy, so kl_t = 0 and beta would change nothing:
+    # shift the behaviour log-probs so that the KL reward has something to penalise.
     table = read_shard(scan(batches).shards[0])
     lps = [[lp - 0.3 * (j % 3) if m else lp for j, (lp, m) in enumerate(zip(lp_row, m_row, strict=True))]
            for lp_row, m_row in zip(table.column("response_logprobs").to_pylist(),
@@ -157,7 +155,7 @@ def test_reinforce_pp_kl_reward_changes_the_step(tmp_path):
     write_shard(set_column(table, "response_logprobs", pa.array(lps, table.schema.field("response_logprobs").type)),
                 str(shifted / Path(scan(batches).shards[0]).name),
                 Lineage("filter", extra={"config": {"adv": "reinforce++"}}))
-    run(str(shifted), tmp_path / "beta0", **teacherless)
+    run(str(shifted), tmp_path / "beta0", kl_coef=0.0, max_steps=1)
     run(str(shifted), tmp_path / "beta", kl_in_reward=0.5, max_steps=1)
     no_kl, with_kl = step_metrics(tmp_path / "beta0")[0], step_metrics(tmp_path / "beta")[0]
     assert with_kl["grad_norm"] != pytest.approx(no_kl["grad_norm"], rel=1e-4)
