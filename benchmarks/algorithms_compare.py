@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.toy_
 
 from benchmarks.toy_loop import TARGET, run_arm  # noqa: E402
 
-TASKS_PER_STEP, GROUP_SIZE, LR, RULES = 4, 8, 3e-2, ("lower", "letter")  # defaults; see main()
+GROUP_SIZE = 8
+DEFAULTS = {"lr": 3e-2, "tasks_per_step": 4, "rules": ("lower", "letter")}  # run_mode's loop settings (see main)
 
 # mode name -> (filter --adv, train options). Each differs from the baseline in what it names only.
 MODES: dict[str, tuple[str, dict]] = {
@@ -57,12 +58,13 @@ MODES: dict[str, tuple[str, dict]] = {
 }
 
 
-def run_mode(adv: str, options: dict, seed: int, workdir: Path, max_steps: int, teacher_dir: Path | None = None,
-             save_to: Path | None = None) -> list[float]:
+def run_mode(adv: str, options: dict, seed: int, workdir: Path, max_steps: int, loop: dict,
+             teacher_dir: Path | None = None, save_to: Path | None = None) -> list[float]:
     """The mean outcome of each step's rollouts for one mode and seed (benchmarks/toy_loop.py `run_arm`); stops
-    after the first at >= TARGET, unless save_to is given: then it trains max_steps steps and saves the policy."""
-    return run_arm(adv, seed, workdir, max_steps=max_steps, lr=LR, group_size=GROUP_SIZE, tasks_per_step=TASKS_PER_STEP,
-                   stop_at_target=save_to is None, rules=RULES, train_overrides=options,
+    after the first at >= TARGET, unless save_to is given: then it trains max_steps steps and saves the policy.
+    loop: lr, tasks_per_step and rules (DEFAULTS)."""
+    return run_arm(adv, seed, workdir, max_steps=max_steps, group_size=GROUP_SIZE, **loop,
+                   stop_at_target=save_to is None, train_overrides=options,
                    filter_overrides={"keep_uniform": 1.0} if adv == "reinforce++" else None,
                    teacher_dir=teacher_dir if adv == "distill" else None, save_to=save_to)
 
@@ -85,26 +87,26 @@ def t_interval(values: list[float]) -> tuple[float, float]:
 
 
 def main() -> None:
-    global LR, TASKS_PER_STEP, RULES  # noqa: PLW0603 (one run's settings, read by run_mode)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--teacher-steps", type=int, default=20)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of the mode names")
     parser.add_argument("--json", type=Path, help="write every curve and the table here")
-    parser.add_argument("--lr", type=float, default=LR)
-    parser.add_argument("--tasks-per-step", type=int, default=TASKS_PER_STEP)
-    parser.add_argument("--rules", default=",".join(RULES), help="the turns' first-character classes; '' for the "
+    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    parser.add_argument("--tasks-per-step", type=int, default=DEFAULTS["tasks_per_step"])
+    parser.add_argument("--rules", default=",".join(DEFAULTS["rules"]), help="the turns' first-character classes; '' for the "
                                                                   "env's default (space, then letter)")
     args = parser.parse_args()
-    LR, TASKS_PER_STEP = args.lr, args.tasks_per_step
-    RULES = tuple(r for r in args.rules.split(",") if r)
+    loop = {"lr": args.lr, "tasks_per_step": args.tasks_per_step,
+            "rules": tuple(r for r in args.rules.split(",") if r) or None}
     chosen = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in chosen if m not in MODES]
     if unknown:
         parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
-    report: dict = {"settings": {"tasks_per_step": TASKS_PER_STEP, "group_size": GROUP_SIZE, "lr": LR,
-                                 "target": TARGET, "rules": RULES, "max_steps": args.max_steps, "seeds": args.seeds},
+    report: dict = {"settings": {"tasks_per_step": loop["tasks_per_step"], "group_size": GROUP_SIZE, "lr": loop["lr"],
+                                 "target": TARGET, "rules": loop["rules"], "max_steps": args.max_steps,
+                                 "seeds": args.seeds},
                     "modes": {}}
     with tempfile.TemporaryDirectory(prefix="arlctl-algos-") as scratch:
         root = Path(scratch)
@@ -112,7 +114,7 @@ def main() -> None:
         if any(MODES[m][0] == "distill" for m in chosen):
             teacher_dir = root / "teacher"
             started = time.perf_counter()
-            curve = run_mode("group", {}, 0, root / "teacher-run", args.teacher_steps, save_to=teacher_dir)
+            curve = run_mode("group", {}, 0, root / "teacher-run", args.teacher_steps, loop, save_to=teacher_dir)
             report["teacher_curve"] = curve
             print(f"teacher: ppo-clip seed 0, {args.teacher_steps} steps, last outcome {curve[-1]:.3f} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
@@ -121,7 +123,8 @@ def main() -> None:
             runs = []
             for seed in range(args.seeds):
                 started = time.perf_counter()
-                curve = run_mode(adv, options, seed, root / f"{name}-{seed}", args.max_steps, teacher_dir=teacher_dir)
+                curve = run_mode(adv, options, seed, root / f"{name}-{seed}", args.max_steps, loop,
+                                 teacher_dir=teacher_dir)
                 steps, reached = steps_to_target(curve, args.max_steps)
                 runs.append({"seed": seed, "steps": steps, "reached": reached, "curve": curve})
                 print(f"{name} seed {seed}: {steps}{'' if reached else '+ (censored)'} steps, last {curve[-1]:.3f} "
