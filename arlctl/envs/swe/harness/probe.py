@@ -69,37 +69,59 @@ def encode(value, depth=0):
     return ["opaque", _qualname(kind)]
 
 
-def _write(mode, encoded):
+_MAX_MESSAGE = 10_000
+
+
+def _write(mode, encoded, site=None):
     out = _STATE["out"]
     if out is None:
         return
-    out.write(json.dumps({"node": _STATE["node"], "mode": mode, "v": encoded}) + "\n")
+    record = {"node": _STATE["node"], "mode": mode, "v": encoded}
+    if site is not None:  # checks converted by `arlctl swe prepare` name their site in the test file
+        record["site"] = str(site)
+    out.write(json.dumps(record) + "\n")
     out.flush()
 
 
-def probe(value, mode="eq"):
-    """Record one checked value of the running test (mode: eq for `==` and truth checks, same for _same)."""
+def probe(value, mode="eq", site=None):
+    """Record one checked value of the running test (mode: eq for `==` and truth checks, same for _same and
+    identity with None/True/False, almost for a tolerance check whose tolerance the host keeps)."""
     try:
         encoded = encode(value)
     except Exception as err:  # an object that cannot even be looked at is recorded as such
         encoded = ["unencodable", type(err).__name__]
-    _write(mode, encoded)
+    _write(mode, encoded, site)
     return value
 
 
+def _message(value):
+    try:
+        return str(value)[:_MAX_MESSAGE]
+    except Exception as err:  # a message that cannot be built is recorded as such
+        return f"<unprintable {type(err).__name__}>"
+
+
 class raises:  # noqa: N801  (used as `with _raises():`, like pytest.raises)
-    """Record which exception the block raised (its class names, most derived first), and swallow it."""
+    """Record which exception the block raised (its class names, most derived first), and swallow it.
+
+    With a site (prepared rows) the message is recorded too, and the exception is kept as `.value` /
+    `.exception` (and its class as `.type`) for the test's later checks, as pytest's and unittest's are."""
+
+    def __init__(self, site=None):
+        self.site, self.value, self.exception, self.type = site, None, None, None
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, value, traceback):
         if kind is None:
-            _write("raises", ["none"])
+            _write("raises", ["none"], self.site)
             return False
         if not issubclass(kind, Exception):  # KeyboardInterrupt, SystemExit: not ours to swallow
             return False
-        _write("raises", ["raised", [_qualname(cls) for cls in kind.__mro__]])
+        self.type, self.value, self.exception = kind, value, value
+        names = [_qualname(cls) for cls in kind.__mro__]
+        _write("raises", ["raised", names] if self.site is None else ["raised", names, _message(value)], self.site)
         return True
 
 
