@@ -1,8 +1,8 @@
 """Trajectories and other data rendered for a reader: `arlctl show` prints them, `arlctl report` records them.
 
 Text from trajectories, task files and error messages is data, not terminal input: before it is printed
-it goes through `terminal_safe` (control characters spelled out) and is handed to Rich as `Text`
-(`plain`), never parsed as markup. This module sits below the CLI and the report (it imports neither), so
+it goes through `terminal_safe` (every character outside an allowlist of printable Unicode
+categories spelled out) and is handed to Rich as `Text` (`plain`), never parsed as markup. This module sits below the CLI and the report (it imports neither), so
 both can use the one renderer.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -17,21 +18,32 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
-# C0 controls except \n and \t (ESC starts every CSI/OSC sequence, \r overwrites a line), DEL, the C1
-# controls (0x9b is a one-byte CSI, 0x9d a one-byte OSC) and the bidi overrides that reorder what the
-# reader sees (Trojan Source).
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# ASCII text, the common case, is checked by one regex (the same rule as below, restricted to ASCII): the C0 controls except \n and \t (ESC starts every
+# CSI/OSC sequence, \r overwrites a line) and DEL.
+_ASCII_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+# Outside ASCII a character is shown only when its Unicode general category is on this list: letters,
+# marks, numbers, punctuation, symbols and visible spaces. Everything else is spelled out: controls (Cc:
+# C0, DEL, C1 -- 0x9b is a one-byte CSI), format characters (Cf: the bidi overrides and isolates of Trojan
+# Source, zero-width spaces and joiners, the U+E0000 tag block that hides text from a reader), line and
+# paragraph separators (Zl, Zp), surrogates, private-use and unassigned code points. An allowlist: a code
+# point nobody thought of is spelled out, not shown.
+PRINTABLE_CATEGORIES = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No",
+                                  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs"})
 
 
 def terminal_safe(text: str) -> str:
-    """`text` with every control character spelled out (ESC -> "\\x1b"), so a terminal shows it
-    instead of obeying it. Newlines and tabs stay; everything else is unchanged."""
-    return _UNSAFE.sub(_spell, text)
+    """`text` with every character a terminal would obey or hide spelled out (ESC -> "\\x1b", U+E0041 ->
+    "\\U000e0041"), so a reader sees it instead. Newlines and tabs stay; printable text is unchanged."""
+    if text.isascii():
+        return _ASCII_UNSAFE.sub(lambda m: _spell(m.group()), text)
+    return "".join(c if c in "\n\t" or unicodedata.category(c) in PRINTABLE_CATEGORIES else _spell(c) for c in text)
 
 
-def _spell(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+def _spell(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def plain(text: Any, style: str = "") -> Text:

@@ -14,7 +14,7 @@ from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import TerminalError
 from arlctl.io.duck import connect
 from arlctl.io.shards import scan
-from arlctl.render import plain
+from arlctl.render import plain, terminal_safe
 
 HELP = """Run SQL over shards; the rows are visible as the view `trajectories`.
 
@@ -38,7 +38,7 @@ def gather_shards(paths: list[str]) -> list[str]:
     for path in paths:
         listing = scan(path)
         for stray in listing.strays:
-            console.print(f"[yellow]warning:[/] not read (not a *.parquet shard name): {escape(stray)}",
+            console.print(f"[yellow]warning:[/] not read (not a *.parquet shard name): {escape(terminal_safe(stray))}",
                           soft_wrap=True)
         shards.extend(listing.shards)
     if not shards:

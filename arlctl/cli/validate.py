@@ -8,6 +8,7 @@ from rich.markup import escape
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import CorruptShardError, TerminalError, UsageError
 from arlctl.io.shards import quarantine, read_shard, scan
+from arlctl.render import terminal_safe
 
 HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows. --quarantine moves bad shards to `_quarantine/` beside them. Files whose names hold glob characters (* ? [ ] { }) are never read.
 
@@ -54,10 +55,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(report)
         for stray in report["strays"]:
-            console.print(f"[yellow]warning:[/] not a shard (ignored): {escape(stray)}", soft_wrap=True)
+            console.print(f"[yellow]warning:[/] not a shard (ignored): {escape(terminal_safe(stray))}", soft_wrap=True)
         for entry in report["bad"]:
             moved = f" -> {entry['quarantined_to']}" if "quarantined_to" in entry else ""
-            console.print(f"[red]bad[/] {escape(entry['shard'])}: {escape(entry['error'])}{escape(moved)}", soft_wrap=True)
+            console.print(f"[red]bad[/] {escape(terminal_safe(entry['shard']))}: {escape(terminal_safe(entry['error']))}{escape(moved)}", soft_wrap=True)
         console.print(f"{report['ok']} good shards ({report['rows']} rows), {len(report['bad'])} bad")
         if report["bad"]:
             raise typer.Exit(1)
