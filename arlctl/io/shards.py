@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable
@@ -47,6 +49,9 @@ LINEAGE_KEY = b"arlctl.lineage"
 TARGET_ROW_GROUP_BYTES = 64 << 20  # uncompressed bytes per row group: large enough for fast scans
 ZSTD_LEVEL = 3
 GLOB_CHARS = frozenset("*?[]{}")  # what DuckDB's and fsspec's globbing expand inside a path
+# What every shard name matches (shard_name writes `<prefix>-<utc>-<rand8>.parquet`): an allowlist, so a
+# character nobody listed (a newline in a planted name) makes a stray, not a shard.
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,191}\.parquet")
 
 
 @dataclass
@@ -145,14 +150,24 @@ def scan(url: str) -> DirListing:
 
 
 def is_shard_name(name: str) -> bool:
-    """A visible `*.parquet` name that no glob can expand into other files."""
-    return name.endswith(".parquet") and not is_hidden(name) and not GLOB_CHARS & set(name)
+    """A name of the one shape shards have (SHARD_NAME): visible, `*.parquet`, ASCII letters, digits and
+    `. _ = + -` only. Anything else -- a glob character DuckDB or fsspec would expand, a newline or other
+    control character, a space, non-ASCII -- is a stray: listed (and counted) for the caller to report,
+    never read."""
+    return SHARD_NAME.fullmatch(name) is not None and not is_hidden(name) and not GLOB_CHARS & set(name)
 
 
 def list_shards(*urls: str) -> list[str]:
+    """The shards under `urls`, in order. Strays are not returned: each directory's are counted in one
+    warning, the first name written with `ascii()` (a planted newline or escape arrives spelled out)."""
     out: list[str] = []
     for url in urls:
-        out.extend(scan(url).shards)
+        listing = scan(url)
+        out.extend(listing.shards)
+        if listing.strays:
+            logging.getLogger("arlctl.shards").warning(
+                "%s: %d file(s) not read (not a shard name), e.g. %s", ascii(url), len(listing.strays),
+                ascii(basename(listing.strays[0])))
     return out
 
 
