@@ -171,6 +171,6 @@ def test_mini_swe_agent_through_arlctl_serve(tmp_path, monkeypatch, reference_mo
     reward, components, info = asyncio.run(grade(task, diff, sandbox_factory("bwrap"), timeout=60))
     assert reward == 0.0 and components["tests_passed"] == 0.0
     # The grade really ran: a trusted pytest run in which exactly the FAIL_TO_PASS tests still fail.
-    assert info["trusted"] and info["apply_ok"], info
+    assert info["records_authentic"] and info["apply_ok"], info  # authentic, though in-process: not trusted
     assert info["failed"] == sorted(test_ids(task, "FAIL_TO_PASS")) and components["p2p"] == 1.0
     shutil.rmtree(stock_cwd, ignore_errors=True)

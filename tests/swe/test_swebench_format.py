@@ -248,7 +248,7 @@ def test_unsafe_paths_in_the_base_tree_are_refused(dataset):
 def test_gold_and_empty_patches_with_the_log_cross_check(dataset, bwrap):
     row = _row(dataset)
     gold, components, info = run(grade(row, row["patch"], bwrap))
-    assert gold == 1.0 and info["mode"] == "inprocess" and info["trusted"], info
+    assert gold == 1.0 and info["mode"] == "inprocess" and info["records_authentic"] and not info["trusted"], info
     check = info["swebench"]
     assert (check["signed_resolution"], check["log_resolution"], check["agree"]) == ("RESOLVED_FULL",) * 2 + (True,)
     assert set(check["log_statuses"].values()) == {"PASSED"} and check["disagree"] == []
@@ -275,7 +275,7 @@ def test_a_forged_log_line_does_not_flip_the_reward(dataset, bwrap):
              + "".join(f"    print('PASSED {nodeid}')\n" for nodeid in f2p) + "\n\natexit.register(_forge)\n")
     diff = make_diff(row, {"stockroom/__init__.py": lambda text: text + forge})
     value, components, info = run(grade(row, diff, bwrap, scan=False))
-    assert value == 0.0 and components["f2p"] == 0.0 and info["trusted"] and info["exit_code"] == 1
+    assert value == 0.0 and components["f2p"] == 0.0 and info["records_authentic"] and info["exit_code"] == 1
     assert {i: info["outcomes"][i] for i in f2p} == dict.fromkeys(f2p, "failed")  # the signed truth
     check = info["swebench"]
     assert (check["signed_resolution"], check["log_resolution"]) == ("RESOLVED_NO", "RESOLVED_FULL")
@@ -328,7 +328,7 @@ def test_xfail_xpass_and_skip_under_both_rules(dataset, bwrap):
     which counts neither as a pass, is 0. An xpass (signed "xpass", no SWE-bench status) fails both."""
     row = _with_extra_tests(_row(dataset), ["test_expected_failure", "test_skipped"])
     value, _, info = run(grade(row, row["patch"], bwrap))
-    assert value == 0.0 and info["trusted"] and info["exit_code"] == 0
+    assert value == 0.0 and info["records_authentic"] and info["exit_code"] == 0
     assert info["outcomes"][f"{EXTRA}::test_expected_failure"] == "xfail"
     assert info["outcomes"][f"{EXTRA}::test_skipped"] == "skipped"
     check = info["swebench"]
@@ -376,7 +376,7 @@ def test_exit_code_one_from_an_unlisted_test_still_scores():
                    {"kind": "session", "exitstatus": exit_code, "hashed": [], "tampered": False}]
         report = {"apply_ok": True, "exit_code": exit_code, "results": _signed(records, key)}
         reward, _, info = score_report(task, report, key)
-        assert (reward, info["trusted"]) == (expected, True), exit_code
+        assert (reward, info["records_authentic"], info["trusted"]) == (expected, True, False), exit_code
     xpass = [{"kind": "report", "nodeid": "t.py::x", "when": when, "outcome": outcome}
              for when, outcome in (("setup", "passed"), ("call", "xpass"), ("teardown", "passed"))]
     assert outcomes_from(xpass) == {"t.py::x": "xpass"}

@@ -84,14 +84,40 @@ def _pytest_args(task: dict[str, Any], workdir: str, mode: str) -> list[str]:
 
 
 def grading_mode(task: dict[str, Any]) -> str:
-    """probe: the verdict is computed on the host from recorded values; inprocess: pytest's, authenticated."""
-    return "probe" if task.get("probe_patch") and task.get("probe_expected") else "inprocess"
+    """probe: the verdict is computed on the host from recorded values; inprocess: pytest's, authenticated.
+
+    A row is probe-graded when it has its probe form and every FAIL_TO_PASS / PASS_TO_PASS test is in it
+    (`arlctl swe prepare` lists each test's status in `probe_tests`; the built-in suite has no such list:
+    its every test is converted at build time). Otherwise it is graded in-process, untrusted."""
+    return "probe" if task.get("probe_patch") and task.get("probe_expected") and not _unusable(task) else "inprocess"
+
+
+def _unusable(task: dict[str, Any]) -> list[str]:
+    """The graded tests `probe_tests` does not list as converted (empty for a row without the list)."""
+    listed = task.get("probe_tests")
+    if listed is None:
+        return []
+    usable = {t.get("id") for t in listed if isinstance(t, dict) and t.get("status") == "converted"} \
+        if isinstance(listed, list) else set()
+    return [i for i in test_ids(task, "FAIL_TO_PASS") + test_ids(task, "PASS_TO_PASS") if i not in usable]
+
+
+def untrusted_cause(task: dict[str, Any]) -> str:
+    """Why an in-process verdict of this row is not trusted: the tested process could have forged it."""
+    unusable = _unusable(task)
+    if unusable:
+        causes = {t.get("id"): t.get("cause") for t in task.get("probe_tests") or [] if isinstance(t, dict)}
+        first = unusable[0]
+        return (f"in-process grading: {len(unusable)} graded test(s) have no probe form, e.g. {first} "
+                f"({causes.get(first) or 'not listed'}); the tested process can forge pytest's verdict")
+    return ("in-process grading: the row is not prepared (no probe form; run `arlctl swe prepare`), "
+            "so the tested process can forge pytest's verdict")
 
 
 def _bundle(task: dict[str, Any], diff: str, workdir: str, key: str, marker: str, timeout: float,
-            allow_subprocess: bool) -> dict[str, Any]:
+            allow_subprocess: bool, mode: str | None = None) -> dict[str, Any]:
     nonce = secrets.token_hex(8)
-    mode = grading_mode(task)
+    mode = mode or grading_mode(task)
     if mode == "probe":  # the probe files import the recorder by its fixed name
         test_patch, module, plugin = task["probe_patch"], PROBE_MODULE, "probe.py"
     else:
@@ -175,7 +201,8 @@ def score_report(task: dict[str, Any], report: dict[str, Any], key: bytes) -> tu
         info["results_error"] = f"exit code {report.get('exit_code')} disagrees with pytest's {session['exitstatus']}"
     passed = sorted(i for i in f2p + p2p if outcomes.get(i) == "passed")
     failed = sorted(i for i in f2p + p2p if outcomes.get(i) != "passed")
-    # Trusted: the run finished, every record is authentic and pytest's exit code matches its own report.
+    # Authentic: the run finished, every record is authentic and pytest's exit code matches its own report.
+    # Never trusted even so: the policy's code shares the pytest process (see untrusted_cause).
     trusted = (info["apply_ok"] and not info.get("results_error") and not info["harness_tamper"]
                and not info["timed_out"] and session is not None)
     f2p_frac = sum(outcomes.get(i) == "passed" for i in f2p) / max(len(f2p), 1)
@@ -185,8 +212,8 @@ def score_report(task: dict[str, Any], report: dict[str, Any], key: bytes) -> tu
     # Exit code 1 (some test outside FAIL_TO_PASS / PASS_TO_PASS failed) is fine, as in SWE-bench; any other
     # non-zero code (interrupted, internal or usage error) is a run that did not go as pytest reported.
     reward = 1.0 if trusted and report.get("exit_code") in (0, 1) and not failed and f2p else 0.0
-    info.update(trusted=bool(trusted), passed=passed, failed=failed,
-                missing=sorted(i for i in f2p + p2p if i not in outcomes),
+    info.update(trusted=False, records_authentic=bool(trusted), untrusted_cause=untrusted_cause(task),
+                passed=passed, failed=failed, missing=sorted(i for i in f2p + p2p if i not in outcomes),
                 outcomes={i: outcomes.get(i, "missing") for i in f2p + p2p})
     components = {"f2p": f2p_frac, "p2p": p2p_frac, "tests_passed": reward}
     return reward, components, info
@@ -256,35 +283,20 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
                         "not graded", truncated=True, kept_bytes=cut[0], diff_bytes=cut[1])
     filtered = filter_diff(diff or "")
     key, marker = secrets.token_bytes(32), f"@@arlctl-grade-{secrets.token_hex(16)}@@"
-    options = sandbox_options(task, "docker") if image_of(task) else {}
     snapshot = prepare_snapshot(task)
     scan_tamper = _scan_tamper(filtered, snapshot) if scan else []
     if scan_tamper:  # flagged code is never run: reward 0, and the reason
         return _not_run(task, started, filtered.tamper + scan_tamper, filtered.kept,
                         f"tamper: {scan_tamper[0]['reason']} ({scan_tamper[0]['detail']})")
-    sandbox = await (sandbox_factory(snapshot, **options) if options else sandbox_factory(snapshot))
-    try:
-        bundle = _bundle(task, filtered.diff, sandbox.workdir, key.hex(), marker, timeout, allow_subprocess)
-        driver = (HARNESS_DIR / "driver.py").read_text(encoding="utf-8")
-        result = await sandbox.exec(["python3", "-I", "-c", driver], timeout=timeout + 60,
-                                    stdin=json.dumps(bundle).encode())
-    finally:
-        await sandbox.close()
-    report: dict[str, Any] = {"apply_ok": False, "results": ""}
-    lines = [line for line in result.stdout.splitlines() if line.startswith(marker)]
-    if lines:
-        try:
-            report = json.loads(lines[-1][len(marker) :])
-        except ValueError:  # cut at the sandbox's output cap: no report, so no verdict (below)
-            lines = []
+    report, result, workdir, lines = await _drive(task, filtered.diff, snapshot, sandbox_factory, key, marker,
+                                                  timeout, allow_subprocess)
     if grading_mode(task) == "probe":
         reward, components, info = score_probes(task, report)
     else:
         reward, components, info = score_report(task, report, key)
         if "status_lines" in report:
-            info["swebench"] = _swebench_verdicts(task, report, key, info["trusted"])
+            info["swebench"] = _swebench_verdicts(task, report, key, info["records_authentic"])
             info["log_disagrees"] = not info["swebench"]["agree"]
-    workdir = sandbox.workdir
     if not lines:
         info["results_error"] = ("grading driver produced no report (exit "
                                  f"{result.exit_code}): {scrub_log(result.stderr, workdir, 500)}")
@@ -298,6 +310,54 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
         info.update(error=infra, infra=True)
         return None, components, info
     return reward, components, info
+
+
+async def _drive(task: dict[str, Any], diff: str, snapshot: str, sandbox_factory: SandboxFactory, key: bytes,
+                 marker: str, timeout: float, allow_subprocess: bool, mode: str | None = None
+                 ) -> tuple[dict[str, Any], Any, str, list[str]]:
+    """Run the grading driver on `diff` in a fresh sandbox: (report, exec result, workdir, marker lines)."""
+    options = sandbox_options(task, "docker") if image_of(task) else {}
+    sandbox = await (sandbox_factory(snapshot, **options) if options else sandbox_factory(snapshot))
+    try:
+        bundle = _bundle(task, diff, sandbox.workdir, key.hex(), marker, timeout, allow_subprocess, mode)
+        driver = (HARNESS_DIR / "driver.py").read_text(encoding="utf-8")
+        result = await sandbox.exec(["python3", "-I", "-c", driver], timeout=timeout + 60,
+                                    stdin=json.dumps(bundle).encode())
+    finally:
+        await sandbox.close()
+    report: dict[str, Any] = {"apply_ok": False, "results": ""}
+    lines = [line for line in result.stdout.splitlines() if line.startswith(marker)]
+    if lines:
+        try:
+            report = json.loads(lines[-1][len(marker) :])
+        except ValueError:  # cut at the sandbox's output cap: no report, so no verdict (below)
+            lines = []
+    return report, result, sandbox.workdir, lines
+
+
+async def run_tests(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory, mode: str, *,
+                    timeout: float = 120.0) -> tuple[dict[str, Any], bytes]:
+    """One driver run for `arlctl swe prepare`: the (trusted, not model-written) `diff` under the row's
+    tests in `mode` (probe: task["probe_patch"]'s probe form; inprocess: test_patch as it is).
+
+    Returns (report, key); raises TerminalError when the driver gave no report or could not run the tests."""
+    from arlctl.errors import TerminalError
+
+    check_task(task)
+    key, marker = secrets.token_bytes(32), f"@@arlctl-grade-{secrets.token_hex(16)}@@"
+    snapshot = prepare_snapshot(task)
+    report, result, workdir, lines = await _drive(task, diff, snapshot, sandbox_factory, key, marker, timeout,
+                                                  False, mode)
+    if not lines:
+        raise TerminalError(f"grading driver produced no report (exit {result.exit_code}): "
+                            f"{scrub_log(result.stderr, workdir, 500)}")
+    why = report.get("harness_error") or ("" if report.get("apply_ok") else
+                                          f"the patch does not apply: {report.get('apply_error', '')[-300:]}")
+    if why or report.get("timed_out") or report.get("started") is False:
+        raise TerminalError(f"{mode} run of {task.get('instance_id') or task.get('task_id')}: "
+                            f"{scrub_log(why, workdir, 500) or 'pytest timed out or did not start'}; "
+                            f"log: {scrub_log(report.get('log_tail', ''), workdir, 300)}")
+    return report, key
 
 
 def _infra_failure(report: dict[str, Any], info: dict[str, Any], reported: bool) -> str:

@@ -381,13 +381,14 @@ def _pattern(expr: ast.expr | None, what: str) -> str | None:
 class _ToProbeForm(ast.NodeTransformer):
     """Rewrites checks into records (see ProbeForm); collects issues instead of stopping at the first."""
 
-    def __init__(self) -> None:
+    def __init__(self, site_prefix: str = "") -> None:
         self.sites: dict[str, dict[str, Any]] = {}
         self.issues: dict[str, str] = {}
         self.scope = "*"
+        self.prefix = site_prefix
 
     def _site(self, spec: dict[str, Any]) -> ast.Constant:
-        name = str(len(self.sites))
+        name = f"{self.prefix}{len(self.sites)}"
         self.sites[name] = spec
         return ast.Constant(name)
 
@@ -613,18 +614,31 @@ def _check_method(call: Any) -> str | None:
     return attr if attr.startswith(("assert", "fail")) else None
 
 
-def to_probe_form(source: str) -> ProbeForm:
-    """The probe form of any test file (prepare time). A file that does not parse is one module-wide issue."""
+def to_probe_form(source: str, site_prefix: str = "") -> ProbeForm:
+    """The probe form of any test file (prepare time). A file that does not parse is one module-wide issue.
+
+    site_prefix keeps the site names of several files of one row apart."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError) as err:
         return ProbeForm("", {}, {"*": f"the file does not parse: {err}"})
-    rewriter = _ToProbeForm()
+    shadows = _shadows_probe(tree)
+    rewriter = _ToProbeForm(site_prefix)
     tree = ast.fix_missing_locations(rewriter.visit(tree))
-    text = PROBE_HEADER + ast.unparse(tree) + "\n"
-    if "_probe" in rewriter.issues.get("*", "") or _shadows_probe(tree):
-        rewriter.issues.setdefault("*", "the file itself defines _probe or _raises")
+    # The recorder's import goes after the docstring and `from __future__` imports, which must stay first.
+    at = 1 if tree.body and _is_docstring(tree.body[0]) else 0
+    while at < len(tree.body) and isinstance(tree.body[at], ast.ImportFrom) and tree.body[at].module == "__future__":
+        at += 1
+    header = ast.parse(PROBE_HEADER).body
+    tree.body[at:at] = header
+    text = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    if shadows:
+        rewriter.issues["*"] = "the file itself binds _probe or _raises"
     return ProbeForm(text, rewriter.sites, rewriter.issues)
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
 def _shadows_probe(tree: ast.Module) -> bool:
