@@ -4,12 +4,26 @@ It reads length-prefixed JSON requests on fd 0 and answers on fd 1, one at a tim
 spawns the process, caps its captured output, enforces the wall timeout, and afterwards sends SIGKILL to
 every other process in the sandbox's pid namespace (`kill(-1)` spares only itself and the namespace's
 init), so nothing a command started, daemonised or not, outlives the command. It reaps orphans (it is
-pid 1 in the docker backend) and marks itself non-dumpable, so sandboxed code running as the same uid
+pid 1 in both backends) and marks itself non-dumpable, so sandboxed code running as the same uid
 cannot ptrace it or read its file descriptors.
 
 Requests: {"op": "exec", "argv": [...], "timeout": s, "stdin": b64|null, "max_output": n, "cwd": path}
-          {"op": "ping"}, {"op": "scrub", "dirs": [...]} (between leases: _lease_reset.scrub, whose
-          verdict {"clean", "left"} is the reply). Exec replies are JSON with base64 stdout/stderr.
+          {"op": "ping"}, {"op": "scrub", "dirs": [...]} (between leases: _lease_reset.scrub plus the
+          drift of the server's own state, whose verdict {"clean", "left"} is the reply), {"op": "verify"}
+          (the drift alone, for docker, whose reset runs as a command). Exec replies are JSON with base64
+          stdout/stderr.
+
+Confinement (docs/security.md, "No lease outlives its lease"): the server is the sandbox's init (pid 1
+of its pid namespace: bwrap --as-pid-1, docker's own pid 1), the only process there a lease did not
+start. Before its first request it makes itself non-dumpable, puts every signal at its default or
+ignored, and installs a seccomp filter that every command inherits. The kernel then refuses a lease any
+ptrace, process_vm_readv/writev or /proc/1/mem access to it (non-dumpable, no CAP_SYS_PTRACE) and drops
+every signal sent to it (the init of a namespace gets no default-action signal from inside it); the
+filter keeps what the kernel allows between processes of one uid regardless (prlimit, setpriority,
+ioprio_set, the scheduler, affinity and page-migration calls) to the calling process itself. Each
+command is a session of its own, so "my process group" never includes the server. The server records
+its own limits, priority, scheduling, oom_score_adj and the mode, owner and xattrs of every writable
+mount root at start; the scrub (and the "verify" op) compares them with now and reports any drift.
 
 It starts with the sandbox, runs every command of a trajectory, and in the bwrap backend serves lease
 after lease (scrubbed in between), so start and exec are both kept short: no module that pulls in `re`
@@ -31,19 +45,174 @@ _CHUNK = 1 << 16
 _DEVNULL = -1  # opened in main()
 
 
-def _no_dump():
-    """Non-dumpable, and on a session keyring of its own: commands inherit it, so they never possess
-    the host's session keyring (a login session's keys) even when the host process had one."""
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 130, "s390x": 280}
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP = 3, 4, 38, 22
+
+# The seccomp filter: per architecture (its AUDIT_ARCH value), the syscalls that let one process change
+# another of the same uid without ptrace rights, each with the argument values that make it act on the
+# caller only. Every other value of those calls fails with EPERM; every other syscall is allowed (the
+# kernel's own checks stand). Offsets are into struct seccomp_data: args[i] is at 16 + 8 * i, low word
+# first (both architectures are little-endian); an int argument (a pid, `which`, `who`) is its low word.
+_A0, _A1, _A2L, _A2H = 16, 24, 32, 36
+_SELF = [[(_A0, 0)]]  # the pid argument is 0: the calling process
+_GUARDED = {
+    "prlimit64": [[(_A0, 0)], [(_A2L, 0), (_A2H, 0)]],  # pid 0, or no new limit (a read)
+    "setpriority": [[(_A0, 0), (_A1, 0)], [(_A0, 1), (_A1, 0)]],  # PRIO_PROCESS/PRIO_PGRP of the caller
+    "ioprio_set": [[(_A0, 1), (_A1, 0)]],  # IOPRIO_WHO_PROCESS, who 0
+    "sched_setparam": _SELF, "sched_setscheduler": _SELF, "sched_setaffinity": _SELF,
+    "sched_setattr": _SELF, "migrate_pages": _SELF, "move_pages": _SELF,
+}
+_ARCHES = {
+    "x86_64": (0xC000003E, {"prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setparam": 142,
+                            "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314,
+                            "migrate_pages": 256, "move_pages": 279}),
+    "aarch64": (0xC00000B7, {"prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setparam": 118,
+                             "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274,
+                             "migrate_pages": 238, "move_pages": 239}),
+}
+_RLIMIT_NAMES = ("cpu", "fsize", "data", "stack", "core", "rss", "nproc", "nofile", "memlock", "as", "locks",
+                 "sigpending", "msgqueue", "nice", "rtprio", "rttime")
+
+
+def _filter_program(machine):
+    """The classic-BPF seccomp program for `machine`, as (code, jt, jf, k) tuples. A foreign
+    architecture (i386 calls from a 64-bit process) and the x32 range fail every syscall with EPERM."""
+    audit_arch, numbers = _ARCHES[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    code = [(ld, 0, 0, 4), (jeq, 0, "deny", audit_arch), (ld, 0, 0, 0), (jge, "deny", 0, 0x40000000)]
+    for rule, (name, alternatives) in enumerate(_GUARDED.items()):
+        code.append((jeq, 0, f"rule{rule + 1}", numbers[name]))
+        for alt, words in enumerate(alternatives):
+            miss = f"alt{rule}.{alt + 1}"
+            code += [insn for offset, value in words for insn in ((ld, 0, 0, offset), (jeq, 0, miss, value))]
+            code += [(ret, 0, 0, allow), miss]
+        code += [(ret, 0, 0, deny), f"rule{rule + 1}"]
+    code += [(ret, 0, 0, allow), "deny", (ret, 0, 0, deny)]
+    labels, program = {}, []
+    for item in code:
+        if isinstance(item, str):
+            labels[item] = len(program)
+        else:
+            program.append(item)
+    jump = lambda target, at: target if isinstance(target, int) else labels[target] - at - 1  # noqa: E731
+    return [(op, jump(jt, i), jump(jf, i), k) for i, (op, jt, jf, k) in enumerate(program)]
+
+
+def _confine():
+    """Non-dumpable, on a session keyring of its own, and under the seccomp filter (module docstring);
+    None when all of it holds, else why not (the server then refuses to serve). The keyring: commands
+    inherit it, so they never possess the host's session keyring (a login session's keys)."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-        number = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 130, "s390x": 280}.get(os.uname().machine)
+        libc = ctypes.CDLL(None, use_errno=True)
+        machine = os.uname().machine
+        if machine not in _ARCHES:
+            return f"no seccomp filter for the {machine} architecture"
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        if libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "could not make the exec server non-dumpable"
+        number = _SYS_KEYCTL.get(machine)
         if number is not None:  # KEYCTL_JOIN_SESSION_KEYRING = 1, NULL name: a new anonymous keyring
             libc.syscall(number, ctypes.c_long(1), ctypes.c_void_p(None))
-    except Exception:
-        pass
+
+        class Insn(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                        ("k", ctypes.c_uint)]
+
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+        program = _filter_program(machine)
+        insns = (Insn * len(program))(*(Insn(*insn) for insn in program))
+        prog = Prog(len(program), insns)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
+        if libc.prctl(_PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+            return f"the seccomp filter was refused (errno {ctypes.get_errno()})"
+        return None
+    except Exception as e:
+        return f"confinement failed: {type(e).__name__}: {e}"
+
+
+def _writable_mount_roots():
+    """Every mount point mounted read-write, as mountinfo lists it (octal escapes decoded)."""
+    with open("/proc/self/mountinfo") as f:
+        lines = f.read().splitlines()
+    points = []
+    for line in lines:
+        fields = line.partition(" - ")[0].split()
+        if len(fields) > 5 and "rw" in fields[5].split(","):
+            points.append(fields[4].encode().decode("unicode_escape"))
+    return sorted(set(points))
+
+
+def _root_state(point):
+    try:
+        st = os.lstat(point)
+        return [oct(st.st_mode), st.st_uid, st.st_gid, sorted(os.listxattr(point, follow_symlinks=False))]
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+
+
+def _own_state():
+    """What every command inherits from this server, and the writable mount roots (module docstring)."""
+    import resource
+
+    limits = []
+    while True:
+        try:
+            limits.append(list(resource.getrlimit(len(limits))))
+        except ValueError:  # past the last resource this kernel and build know
+            break
+    with open("/proc/self/oom_score_adj") as f:
+        oom = f.read().strip()
+    return {
+        "rlimits": limits,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "scheduler": [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority],
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "oom_score_adj": oom,
+        "roots": {point: _root_state(point) for point in _writable_mount_roots()},
+    }
+
+
+_BASELINE = None  # _own_state() before the first request
+
+
+def _drift():
+    """Where the server's state differs from its start: a list of causes, [] when none."""
+    if _BASELINE is None:
+        return ["no baseline of the exec server's state"]
+    try:
+        now = _own_state()
+    except Exception as e:
+        return [f"exec server state unreadable: {type(e).__name__}: {e}"]
+    left = []
+    for key, before in _BASELINE.items():
+        after = now[key]
+        if key == "rlimits":
+            for i, (was, got) in enumerate(zip(before, after)):
+                if was != got:
+                    name = _RLIMIT_NAMES[i] if i < len(_RLIMIT_NAMES) else str(i)
+                    left.append(f"rlimit {name} of the exec server {was} -> {got}")
+            if len(before) != len(after):
+                left.append("rlimit count changed")
+        elif key == "roots":
+            for point in sorted(set(before) | set(after)):
+                was, got = before.get(point, "absent"), after.get(point, "absent")
+                if was != got:
+                    left.append(f"mount root {point}: {_describe(was)} -> {_describe(got)}")
+        elif before != after:
+            left.append(f"{key} of the exec server {before} -> {after}")
+    return left
+
+
+def _describe(root):
+    if isinstance(root, list):
+        return f"mode {root[0]} owner {root[1]}:{root[2]} xattrs {root[3]}"
+    return root
 
 
 def _scrub(req):
@@ -55,9 +224,11 @@ def _scrub(req):
             import _lease_reset
         finally:
             del sys.path[0]
-        return _lease_reset.scrub([str(d) for d in req.get("dirs") or []])
+        verdict = _lease_reset.scrub([str(d) for d in req.get("dirs") or []])
     except Exception as e:  # the host relaunches a sandbox it cannot prove clean
         return {"clean": False, "left": [f"scrub failed: {type(e).__name__}: {e}"]}
+    left = list(verdict.get("left") or []) + _drift()
+    return {"clean": verdict.get("clean") is True and not left, "left": left[:20]}
 
 
 def _json_codec():
@@ -147,7 +318,7 @@ def _kill_others():
 
 
 def _reap():
-    """Collect exited orphans; needed where this server is pid 1 (the docker backend)."""
+    """Collect exited orphans (this server is the pid namespace's init: they are reparented to it)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -167,8 +338,9 @@ def _spawn(argv, cwd, stdin_fd, out_fd, err_fd):
                    (os.POSIX_SPAWN_DUP2, err_fd, 2)]
         # SIGPIPE and SIGXFSZ are ignored here (Python's start, and this server's own choice for SIGPIPE);
         # the command gets their defaults, as subprocess's restore_signals gives.
+        # A session (and process group) of its own: "my group" never names the server.
         return os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions,
-                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsid=True)
     except OSError as e:
         if e.filename is None:  # name the program, as subprocess does
             raise OSError(e.errno, e.strerror, argv[0]) from None
@@ -316,9 +488,11 @@ def _run(req):
 
 
 def main():
-    global _DEVNULL
-    _no_dump()
+    global _DEVNULL, _BASELINE
     _close_inherited()
+    # No handler anywhere: as the namespace's init, the server then never gets a signal from inside it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    refused = _confine()
     # A write to a pipe whose reader is gone fails with EPIPE instead of killing the server: a command
     # that exits without reading all its stdin must not take the server down. When the host itself is
     # gone (fd 1 broken), the server exits.
@@ -331,6 +505,14 @@ def main():
         _write_all(1, struct.pack(">I", len(data)) + data)
 
     try:
+        if refused is None:
+            try:
+                _BASELINE = _own_state()
+            except Exception as e:
+                refused = f"could not record the exec server's state: {type(e).__name__}: {e}"
+        if refused is not None:  # fail closed: a server that cannot confine its commands serves none
+            send({"ready": False, "error": refused})
+            return 1
         send({"ready": True, "pid": os.getpid()})
         while True:
             header = _read_exact(0, 4)
@@ -347,6 +529,9 @@ def main():
                 send(_run(req))
             elif req.get("op") == "scrub":
                 send(_scrub(req))
+            elif req.get("op") == "verify":
+                left = _drift()
+                send({"clean": not left, "left": left[:20]})
             else:
                 send({"error": "unknown op"})
     except BrokenPipeError:

@@ -42,6 +42,7 @@ import functools
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -141,8 +142,7 @@ class BwrapSandbox:
             raise SandboxError("bwrap not found", hint="apt-get install bubblewrap")
         await asyncio.to_thread(self._prepare_host_dirs)
         await self._load_pristine()
-        if self.snapshot:
-            await _run_host(["cp", "-a", "--", f"{self.root / 'pristine'}/.", str(self._ws)])
+        await self._copy_pristine()
         self.cgroup = SandboxCgroup.create(f"sbx-{self.id}", self.memory_mb << 20, self.pids_max)
         await self._launch()
 
@@ -154,6 +154,14 @@ class BwrapSandbox:
             await _run_host(["cp", "-a", "--", f"{self.snapshot}/.", str(pristine)])
             if self.privileged:
                 await _run_host(["chown", "-R", "-h", f"{self.host_uid}:{self.host_uid}", str(pristine)])
+
+    async def _copy_pristine(self) -> None:
+        """Copy pristine/'s entries into the workspace. Its entries, not pristine/. itself: that would
+        give the workspace root the snapshot's mode and xattrs, and the root must stay as the exec server
+        recorded it at start (the scrub checks it)."""
+        entries = sorted(str(p) for p in (self.root / "pristine").iterdir()) if self.snapshot else []
+        if entries:
+            await _run_host(["cp", "-a", "--", *entries, f"{self._ws}/"])
 
     async def set_snapshot(self, snapshot: str | None) -> None:
         """Serve another task: make `snapshot` the pristine state and reset the workspace to it."""
@@ -191,10 +199,7 @@ class BwrapSandbox:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        for d in (self._ws, self._tmp):
-            d.mkdir(mode=0o755)
-            if self.privileged:
-                os.chown(d, self.host_uid, self.host_uid)
+        self._make_mount_dirs()
         (self.root / "etc").mkdir()
         (self.root / "etc" / "passwd").write_text(
             f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/bin/sh\n"
@@ -226,6 +231,8 @@ class BwrapSandbox:
     def _bwrap_argv(self) -> list[str]:
         # Every namespace (no network), no capabilities, no inherited environment, killed with its parent.
         argv = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+        if _bwrap_help_has("--as-pid-1"):  # the exec server is the namespace's init: no bwrap reaper there
+            argv.append("--as-pid-1")
         argv += ["--cap-drop", "ALL"]
         argv += ["--clearenv", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
         argv += ["--ro-bind", "/usr", "/usr"]
@@ -431,22 +438,23 @@ class BwrapSandbox:
             if self._closed:
                 raise SandboxError("sandbox is closed")
             alive = self._proc is not None and self._proc.returncode is None
-            # Without /dev/mqueue (a bwrap too old for --mqueue) the scrub cannot see POSIX queues.
-            fresh = self.fresh_namespaces or not _bwrap_help_has("--mqueue")
+            # Without /dev/mqueue (a bwrap too old for --mqueue) the scrub cannot see POSIX queues, and
+            # without --as-pid-1 bwrap's own reaper (pid 1, dumpable) is in reach of every lease.
+            fresh = self.fresh_namespaces or not (_bwrap_help_has("--mqueue") and _bwrap_help_has("--as-pid-1"))
             relaunch = self.tainted or not alive or (self._dirty and fresh)
             if relaunch:  # the old namespaces die with the old bwrap, together with anything they held
                 await self._stop()
-            await asyncio.to_thread(self._clear_host_dirs)
+            if not relaunch:
+                await asyncio.to_thread(self._clear_host_dirs)
             if self._dirty and not relaunch and not await self._scrub():
                 relaunch = True
                 await self._stop()
-                await asyncio.to_thread(self._clear_host_dirs)  # the relaunch starts from empty dirs again
-            if relaunch:
+            if relaunch:  # from new directories: a mode, owner or xattr on the old ones stays with them
+                await asyncio.to_thread(self._renew_host_dirs)
                 await self._launch()
                 self.tainted = False
                 self.resets["relaunched"] += 1
-            if self.snapshot:
-                await _run_host(["cp", "-a", "--", f"{self.root / 'pristine'}/.", str(self._ws)])
+            await self._copy_pristine()
             self._dirty = False
 
     async def _scrub(self) -> bool:
@@ -469,6 +477,21 @@ class BwrapSandbox:
     def _clear_host_dirs(self) -> None:
         _clear_dir(self._ws)
         _clear_dir(self._tmp)
+
+    def _make_mount_dirs(self) -> None:
+        """The workspace and /tmp as bwrap binds them: new, 0755, the sandbox uid's, no xattr."""
+        for d in (self._ws, self._tmp):
+            d.mkdir(mode=0o755)
+            d.chmod(0o755)  # whatever the umask
+            if self.privileged:
+                os.chown(d, self.host_uid, self.host_uid)
+
+    def _renew_host_dirs(self) -> None:
+        """For a relaunch (bwrap stopped): replace the two directories rather than empty them."""
+        for d in (self._ws, self._tmp):
+            _unlock_tree(d)
+            shutil.rmtree(d)
+        self._make_mount_dirs()
 
     async def _wait_proc(self) -> None:
         if self._proc is not None:
@@ -520,6 +543,20 @@ def _sweep_stale_once(parent: str) -> None:
         return
     _swept.add(parent)
     sweep_stale(parent, _owner_alive)
+
+
+def _unlock_tree(path: Path) -> None:
+    """Make `path` and every directory under it searchable and writable by its owner, so a tree a
+    lease locked (chmod 000) can be removed. Only real directories: never through a link (the lease's
+    processes are all dead by then, so nothing can swap one in)."""
+    os.chmod(path, 0o700)  # first: a locked top cannot be listed
+    for top, dirs, _files_ in os.walk(path):
+        for d in (os.path.join(top, name) for name in dirs):
+            try:
+                if stat.S_ISDIR(os.lstat(d).st_mode):
+                    os.chmod(d, 0o700)
+            except OSError:
+                pass
 
 
 def _clear_dir(path: Path) -> None:

@@ -13,8 +13,11 @@ pid 1), so a daemonised grandchild never outlives its exec. Going through the at
 A container serves many leases, so every reset runs `_lease_reset.py` inside it first: it kills any
 stray process, empties the workspace, /tmp, /dev/shm and /dev/mqueue, removes every SysV IPC object of
 the container's private IPC namespace, and then proves all of that empty (and that no other mount is
-writable). A container that is not provably clean is tainted and the pool recreates it; only then is the
-snapshot unpacked for the next lease.
+writable). The exec server (pid 1) then compares its own limits, priority, scheduling and the mode, owner and
+xattrs of every writable mount root with what it recorded at start (the "verify" op; the seccomp filter
+it put on every command keeps a lease from changing the first ones, see _sbxd.py). A container that is
+not provably clean is tainted and the pool recreates it; only then is the snapshot unpacked for the next
+lease.
 
 Limits hit: a fork bomb meets the pids limit and the per-exec cleanup then kills it, so the exit code
 alone does not tell. After each command the backend reads the container's own cgroup counters, pids.events
@@ -502,6 +505,8 @@ class DockerSandbox:
         argv = [self.python, "-I", "-S", "-c", _RESET_SRC, self.workdir, "/tmp"]
         reply = await self._call(argv, 120, None, 1 << 16)
         report = _reset_report(reply)
+        if report.get("clean"):  # and the exec server itself: limits, priority, mount roots as at start
+            report = await self._verify_server()
         if not report.get("clean"):
             self._taint("reset_unclean")
             left = ", ".join(report.get("left") or []) or to_result(reply, 0, 0).stderr.strip()[-300:]
@@ -511,6 +516,13 @@ class DockerSandbox:
         )
         if reply["exit"] != 0:
             raise SandboxError(f"could not restore the workspace: {to_result(reply, 0, 0).stderr.strip()}")
+
+    async def _verify_server(self) -> dict:
+        """The exec server's own verdict on what a lease could have changed in it (_sbxd.py _drift)."""
+        try:
+            return await self._chan.call({"op": "verify"}, 10 + _BACKSTOP_S)
+        except (TimeoutError, SandboxError) as e:
+            return {"clean": False, "left": [f"exec server gave no verdict: {e}"]}
 
     async def set_snapshot(self, snapshot: str | None) -> None:
         """Serve another task: make `snapshot` the pristine state and reset the workspace to it."""

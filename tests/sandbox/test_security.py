@@ -306,8 +306,10 @@ def test_subprocess_backend_refused_without_insecure(snapshot):
 
 
 def test_killing_the_sandbox_supervisor_spoils_only_that_sandbox(backend, pool_factory, snapshot):
-    """Sandboxed code may kill whatever runs it inside (its parent, pid 1): the exec fails, never hangs,
-    and the pool replaces the sandbox."""
+    """Sandboxed code may try to kill whatever runs it inside (its parent, pid 1). pid 1 is the exec
+    server, the namespace's init, which gets no signal from inside (issue 26, test_lease_isolation.py):
+    on bwrap it is also the parent, so the command goes on and the sandbox is kept; on docker the parent
+    is the `timeout` wrapper, whose death fails that exec and the pool replaces the sandbox. Never a hang."""
     from arlctl.sandbox import SandboxError
 
     async def scenario():
@@ -319,12 +321,12 @@ def test_killing_the_sandbox_supervisor_spoils_only_that_sandbox(backend, pool_f
                         "kill -9 $PPID 1 2>/dev/null; sleep 2; echo still-here", timeout=10
                     )
                     failed = result.exit_code != 0
-                    assert "still-here" not in result.stdout
+                    assert ("still-here" in result.stdout) == (backend == "bwrap"), result
             except SandboxError:
                 failed = True
-            assert failed
+            assert failed == (backend != "bwrap")
             await pool.drain()
-            assert pool.stats().replacements == 1
+            assert pool.stats().replacements == (0 if backend == "bwrap" else 1)
             await _pool_still_serves_pristine(pool, snapshot)
 
     run(scenario())
