@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import re
 import shlex
@@ -61,6 +62,9 @@ STAGE_KEYS = {"workers", "args", "mode", "interval_s", "env"}
 TOP_KEYS = {"run", "stages", "logs", "env", "restart", "stop_grace_s", "refresh_s", "command"}
 RESTART_KEYS = {"backoff_start_s", "backoff_cap_s", "healthy_after_s"}
 # A log line that reports a failure (not a counter such as "0 errors" or "env_errors").
+# Bounds on every number a recipe sets, checked at load: finite, and within what a supervisor can mean.
+MAX_WORKERS = 256  # children of one stage (each is a process with its own run lock share)
+MAX_SECONDS = 7 * 86400.0  # any delay, grace or interval: a week
 ERROR_LINE = re.compile(r"\b(error|Error|ERROR|Traceback|Exception|CRITICAL|Killed|failed|FAILED)\b|\w+Error\b")
 
 
@@ -145,6 +149,9 @@ def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
         raise fail("`restart:` must be a mapping")
     _unknown(restart_raw, RESTART_KEYS, "restart key", fail)
     restart = RestartPolicy(**{k: _number(v, f"restart.{k}", fail, minimum=0.0) for k, v in restart_raw.items()})
+    if restart.backoff_cap_s < restart.backoff_start_s:
+        raise fail(f"restart.backoff_cap_s ({restart.backoff_cap_s:g}) is below restart.backoff_start_s "
+                   f"({restart.backoff_start_s:g})", hint="the cap is the longest wait; make it >= the first one")
     try:
         logs = local_logs(data.get("logs"), run)  # RUN/logs by default; must be local
     except UsageError as err:
@@ -169,8 +176,8 @@ def _parse_stage(name: str, raw: Any, fail: Callable[..., UsageError]) -> StageS
         raise fail(f"stage {name}: settings must be a mapping (workers, args, mode, interval_s, env)")
     _unknown(raw, STAGE_KEYS, f"key of stage {name}", fail)
     workers = raw.get("workers", 1)
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise fail(f"stage {name}: workers must be an integer >= 1, not {workers!r}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
+        raise fail(f"stage {name}: workers must be an integer >= 1 and <= {MAX_WORKERS}, not {workers!r}")
     mode = raw.get("mode", "watch")
     if mode not in ("watch", "loop"):
         raise fail(f"stage {name}: mode must be watch or loop, not {mode!r}")
@@ -240,17 +247,20 @@ def _option_args(stage: str, option: str, value: Any, kind: Any) -> list[str]:
 
 
 def _check_type(where: str, item: Any, kind: Any) -> None:
-    """A value for an int or float setting must read as one (YAML may hand over `1e-3` as a string)."""
+    """A value for an int or float setting must read as one (YAML may hand over `1e-3` as a string) and be
+    finite (YAML's `.nan` and `.inf` are floats; a stage never wants them)."""
     if kind not in (int, float):
         return
     try:
         ok = not isinstance(item, bool) and (isinstance(item, int) or not isinstance(item, float) or kind is float)
         if ok and isinstance(item, str):
-            kind(item)
-    except ValueError:
+            ok = math.isfinite(kind(item))
+        elif ok:
+            ok = math.isfinite(item)
+    except (ValueError, OverflowError):
         ok = False
     if not ok:
-        raise UsageError(f"{where} takes {'an integer' if kind is int else 'a number'}, not {item!r}")
+        raise UsageError(f"{where} takes {'an integer' if kind is int else 'a finite number'}, not {item!r}")
 
 
 def _unknown(raw: dict, allowed: set[str], what: str, fail: Callable[..., UsageError]) -> None:
@@ -260,9 +270,12 @@ def _unknown(raw: dict, allowed: set[str], what: str, fail: Callable[..., UsageE
                        f"allowed: {', '.join(sorted(allowed))}")
 
 
-def _number(value: Any, name: str, fail: Callable[..., UsageError], minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise fail(f"{name} must be a number >= {minimum:g}, not {value!r}")
+def _number(value: Any, name: str, fail: Callable[..., UsageError], minimum: float,
+            maximum: float = MAX_SECONDS) -> float:
+    """A finite int or float in [minimum, maximum]; NaN, inf, strings and bools are usage errors."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not minimum <= value <= maximum:
+        raise fail(f"{name} must be a finite number in [{minimum:g}, {maximum:g}], not {value!r}")
     return float(value)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import typer
 
 from arlctl.cli.common import console, handle_errors
+from arlctl.errors import UsageError
 
 HELP = """Start every stage of a recipe as a daemon (`arlctl STAGE --watch ...`), each in its own process group with its log in RUN/logs/<stage>-<i>.log; restart a crashed one with exponential backoff; stop them all cleanly on Ctrl-C or SIGTERM (SIGTERM, a grace period, then SIGKILL). A live dashboard shows, per stage, its state, pids, restarts, the shards waiting at its input, throughput and the last error line of its log, with the policy version, trainer step, staleness and reward trend.
 
@@ -35,6 +37,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from arlctl import supervisor as sv
 
+        if for_s is not None and not (math.isfinite(for_s) and 0 < for_s <= sv.MAX_SECONDS):
+            raise UsageError(f"--for must be a finite number of seconds in (0, {sv.MAX_SECONDS:g}], not {for_s}")
         recipe = sv.load_recipe(recipe_path, run=run_dir)
         if check:
             for spec in recipe.stages:
