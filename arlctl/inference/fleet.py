@@ -28,10 +28,12 @@ URLs, or plain text with one URL per line (`#` starts a comment).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,13 +61,70 @@ def base_url(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
+# An engine URL is exactly this shape (an allowlist: whatever it does not describe is refused), checked
+# further below: the host a DNS name, an IPv4 or a bracketed IPv6 address, the port in 1-65535.
+_URL = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?"
+                  r"(?P<path>(?:/[A-Za-z0-9._~-]+)*)")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # one DNS label
+CREDENTIALS_HINT = ("give the engines' bearer token in the OPENAI_API_KEY environment variable of the rollout "
+                    "(from a file: OPENAI_API_KEY=$(cat FILE)); a URL with user:password@ is refused, never "
+                    "stored in the fleet file")
+
+
+def redact(url: str) -> str:
+    """`url` with any user:password@ part replaced by ***@: what an error message may show of it."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    if sep and "@" in netloc:
+        return f"{scheme}://***@{netloc.rsplit('@', 1)[1]}{slash}{tail}"
+    return url
+
+
 def check_url(url: str) -> str:
-    """`url` as a base URL, or a UsageError when it is not an http(s) URL."""
+    """`url` as a base URL (scheme://host[:port][/prefix], no trailing / or /v1), or a UsageError.
+
+    Accepted: http or https; a host that is a DNS name, an IPv4 address or a bracketed IPv6 address; an
+    optional port 1-65535; an optional path prefix of plain characters (a gateway's /engines/a).
+    Refused: anything else (a query, a fragment, spaces, control or non-ASCII characters, an empty host)
+    and credentials (user:password@host), which would sit in the fleet file in plain text and in logs.
+    """
+    if not isinstance(url, str):
+        raise UsageError(f"{url!r} is not a URL string")
     base = base_url(url)
     scheme, sep, rest = base.partition("://")
-    if scheme not in ("http", "https") or not sep or not rest or any(c.isspace() for c in base):
-        raise UsageError(f"{url!r} is not an http(s) server URL", hint="e.g. http://10.0.0.5:8000")
+    if sep and "@" in rest.partition("/")[0]:
+        raise UsageError(f"{_shown(base)}: credentials in a server URL are refused", hint=CREDENTIALS_HINT)
+    match = _URL.fullmatch(base)
+    problem = None
+    if match is None:
+        problem = "the shape is http(s)://HOST[:PORT][/PREFIX], in letters, digits and . _ ~ - only"
+    elif not _valid_host(match["host"]):
+        problem = "the host is not a DNS name, an IPv4 address or a [bracketed] IPv6 address"
+    elif match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
+        problem = "the port is not in 1-65535"
+    if problem:
+        raise UsageError(f"{_shown(url)} is not an http(s) server URL: {problem}", hint="e.g. http://10.0.0.5:8000")
     return base
+
+
+def _valid_host(host: str) -> bool:
+    if host.startswith("["):
+        try:
+            return isinstance(ipaddress.ip_address(host[1:-1]), ipaddress.IPv6Address)
+        except ValueError:
+            return False
+    labels = host.split(".")
+    if all(label.isdigit() for label in labels):  # all-numeric: must be a real IPv4 address
+        try:
+            return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+        except ValueError:
+            return False
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+def _shown(url: str) -> str:
+    """A refused URL as an error message may show it: credentials redacted, every character printable."""
+    return ascii(redact(url))
 
 
 def fleet_path(run: str) -> str:
