@@ -230,10 +230,24 @@ def _check_structure(table: pa.Table, version: int) -> None:
 
 def _check_token_layout(table: pa.Table) -> None:
     """Cheap vectorised check: mask and log-probs align with response_ids in every row."""
-    n_resp = pc.list_value_length(table.column("response_ids"))
+    problems = token_layout_problems(table)
+    if problems:
+        row, name, _ = problems[0]
+        raise SchemaError(f"column {name!r} length differs from response_ids in some row (row {row})", name)
+
+
+def token_layout_problems(table: pa.Table) -> list[tuple[int, str, str]]:
+    """(row, column, cause) for every row a writer refuses (`validate`): response_mask or
+    response_logprobs not as long as response_ids. A reader that must write what it read (reward) sets
+    these rows aside with this cause instead of failing its whole shard at write."""
+    n_resp = pc.fill_null(pc.list_value_length(table.column("response_ids")), -1)
+    problems = []
     for name in ("response_mask", "response_logprobs"):
-        if not pc.all(pc.equal(pc.list_value_length(table.column(name)), n_resp)).as_py():
-            raise SchemaError(f"column {name!r} length differs from response_ids in some row", name)
+        n = pc.fill_null(pc.list_value_length(table.column(name)), -1)
+        for row in pc.indices_nonzero(pc.not_equal(n, n_resp)).to_pylist():
+            problems.append((row, name, f"{name} has {n[row].as_py()} values but response_ids has "
+                                        f"{n_resp[row].as_py()}: no writer may write this row"))
+    return sorted(problems)
 
 
 def _check_vocabularies(table: pa.Table) -> None:

@@ -19,7 +19,11 @@ the row (any error but a TransientError, which means retry later, or a UsageErro
 reward's options are wrong), or a non-finite score gives that row reward = null with reward_info
 {"error": cause}; filter then drops it under completeness. A shard that cannot be read is skipped
 (the others are still rewarded) and reported, or with --quarantine moved to `_quarantine/`. Rows with
-other bad values (schemas/values.py) pass through unchanged for filter's invalid_values rule.
+other bad values (schemas/values.py) pass through unchanged for filter's invalid_values rule; a row no
+writer accepts (response_mask or response_logprobs not as long as response_ids) is set aside, before
+scoring, into `_quarantine/<stem>.rows.parquet` beside its shard, and named (shard, row, trajectory_id,
+cause) among the row errors under the cause invalid_row; the shard's other rows are rewarded and written.
+A shard larger than the read caps (arlctl/io/shards.py ReadLimits) is an unreadable shard.
 
 Scoring goes through arlctl/rewards/scoring.py: a reward with `score_group` (it compares the members of a
 GRPO group) is called once per group of the shard (rows sharing group_id, in row order) and an error
@@ -45,10 +49,10 @@ from arlctl.errors import CorruptShardError
 from arlctl.io.fs import basename, join
 from arlctl.io.ledger import consumed_inputs
 from arlctl.io.partition import partition
-from arlctl.io.shards import Lineage, config_hash, quarantine, read_shard, scan, write_shard
+from arlctl.io.shards import Lineage, config_hash, quarantine, quarantine_rows, read_shard, scan, write_shard
 from arlctl.rewards.cache import RewardCache
 from arlctl.rewards.scoring import Item, ScoreContext, Scored, Scorer, Slots, one_line, row_error, score_items
-from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA
+from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA, SchemaError, token_layout_problems
 from arlctl.stages.configs import RewardConfig
 from arlctl.turn_rows import CONTINUED, first_turn_indices
 
@@ -372,6 +376,10 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
             if on_corrupt == "quarantine":
                 quarantine(shard)
             continue
+        table, set_aside = _set_aside_unwritable(table, shard, dry_run)
+        summary.rows += len(set_aside)
+        summary.row_errors += set_aside
+        summary.add_causes({"invalid_row": len(set_aside)} if set_aside else {})
         try:
             rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong)
         finally:  # what was paid for is kept, also when a TransientError leaves the shard pending
@@ -386,7 +394,16 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         target = join(out_url, output_name(shard))
         lineage = Lineage(stage="reward", inputs=[shard], config_hash=cfg_hash,
                           extra={"reward": reward.name, "reward_version": reward.version})
-        summary.written.append(write_shard(rewarded, target, lineage))
+        try:
+            summary.written.append(write_shard(rewarded, target, lineage))
+        except SchemaError as err:  # fail closed: a shard whose output cannot be written is a bad input
+            bad = CorruptShardError(shard, f"its rewarded rows cannot be written ({err})")
+            if on_corrupt == "raise":
+                unreadable.append(bad)
+                continue
+            summary.corrupt.append(f"{shard}: {bad.reason}")
+            if on_corrupt == "quarantine":
+                quarantine(shard)
     if cache is not None:
         summary.cache_hits, summary.cache_misses = cache.hits - hits, cache.misses - misses
     summary.seconds = time.monotonic() - start
@@ -394,6 +411,26 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         more = f" (and {len(unreadable) - 1} more unreadable shards)" if len(unreadable) > 1 else ""
         raise CorruptShardError(unreadable[0].path, unreadable[0].reason + more)
     return summary
+
+
+def _set_aside_unwritable(table: pa.Table, shard: str, dry_run: bool) -> tuple[pa.Table, list[str]]:
+    """The shard without the rows no writer accepts (schemas/trajectory.py `token_layout_problems`),
+    and a `shard row i (trajectory_id 'x'): quarantined: cause` line per row set aside. Those rows go
+    to `_quarantine/<stem>.rows.parquet` beside the shard (not with dry_run): the rest are rewarded and
+    written, so one poison row never fails its shard at write on every retry."""
+    problems = token_layout_problems(table)
+    if not problems:
+        return table, []
+    causes: dict[int, str] = {}
+    for row, _, cause in problems:
+        causes.setdefault(row, cause)
+    ids = table.column("trajectory_id").to_pylist()
+    lines = [f"{basename(shard)} row {row} (trajectory_id {ids[row]!r}): quarantined: {cause}"
+             for row, cause in sorted(causes.items())]
+    if not dry_run:
+        quarantine_rows(table.take(pa.array(sorted(causes), pa.int64())), shard, lines, stage="reward")
+    keep = [i for i in range(table.num_rows) if i not in causes]
+    return table.take(pa.array(keep, pa.int64())), lines
 
 
 def run(cfg: RewardConfig, io: RewardIO, stop: Any = None, reward: Scorer | AutoReward | None = None,

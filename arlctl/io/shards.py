@@ -13,6 +13,14 @@ as far as it can check it (see `arlctl.io.ledger.consumed_inputs`). Shard names 
 character (`* ? [ ] { }`) is listed as a stray and never read, because DuckDB and fsspec would expand it
 into other files, hidden temp files included. Reading a shard checks its values (schemas/values.py)
 unless the caller drops bad rows itself (filter) or passes them through (reward).
+
+Reading is bounded (`ReadLimits`): Parquet's dictionary and RLE encodings let a few kilobytes stand for
+gigabytes (one long string in a dictionary, referenced by every row). So before any page is decoded the
+footer's sizes are summed, and the data is decoded with every string kept in dictionary form (its size
+is the dictionary plus 4 bytes per value), batch by batch; each row's decoded size is computed from
+those arrays, and only a shard whose rows and total fit the caps is expanded into plain columns. A
+shard over a cap is a CorruptShardError naming the cap and how to raise it (ARLCTL_MAX_ROW_BYTES,
+ARLCTL_MAX_SHARD_BYTES), which a stage's --quarantine moves aside like any other bad shard.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from arlctl import __version__
-from arlctl.errors import CorruptShardError, NoShardsError
+from arlctl.errors import CorruptShardError, NoShardsError, UsageError
 from arlctl.io.fs import basename, get_fs, is_hidden, join, to_url
 from arlctl.io.store import write_file
 from arlctl.schemas.trajectory import (
@@ -196,22 +206,54 @@ def _read_footer(url: str) -> pa.Schema:
         raise CorruptShardError(url, _one_line(err)) from None
 
 
+DEFAULT_MAX_ROW_BYTES = 64 << 20  # one trajectory decoded: text, ids, log-probs (1M tokens with text: ~15 MB)
+DEFAULT_MAX_SHARD_BYTES = 2 << 30  # one shard decoded (10k-token rows: ~16,000 of them)
+DECODE_BATCH_ROWS = 256  # rows decoded at once, in dictionary form, before they are measured
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Caps on what one shard may decode to, in bytes. `from_env` reads ARLCTL_MAX_ROW_BYTES and
+    ARLCTL_MAX_SHARD_BYTES (plain integers) over the defaults; a value that is not one is a UsageError."""
+
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+
+    @classmethod
+    def from_env(cls) -> ReadLimits:
+        return cls(_env_bytes("ARLCTL_MAX_ROW_BYTES", DEFAULT_MAX_ROW_BYTES),
+                   _env_bytes("ARLCTL_MAX_SHARD_BYTES", DEFAULT_MAX_SHARD_BYTES))
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{name}={raw[:40]!r} is not a positive number of bytes", hint=f"unset it, or e.g. {name}={default}")
+    return int(raw)
+
+
 def read_shard(url: str, columns: list[str] | None = None, *, bad_values: str = "raise",
-               vocab_size: int | None = None) -> pa.Table:
+               vocab_size: int | None = None, limits: ReadLimits | None = None) -> pa.Table:
     """Read and validate one trajectory shard; any defect raises CorruptShardError naming the file.
 
     bad_values: "raise" also refuses a shard with any row that breaks a value rule (schemas/values.py);
     "keep" returns such rows for a caller that drops them under a counted rule (filter) or passes them
     on untouched (reward). vocab_size: token ids must be below it (unknown: only >= 0 is checked).
+    limits: the decoded-size caps (default: ReadLimits.from_env()); a shard over one is corrupt.
     """
     if bad_values not in ("raise", "keep"):
         raise ValueError(f"bad_values must be 'raise' or 'keep', not {bad_values!r}")
+    limits = limits or ReadLimits.from_env()
     fs, path = get_fs(url)
     try:
         with fs.open(path, "rb") as fh:
-            table = pq.read_table(fh)
-    except FileNotFoundError:
+            table = _read_bounded(fh, limits)
+    except (FileNotFoundError, CorruptShardError):
         raise
+    except _OverCap as err:
+        raise CorruptShardError(url, str(err)) from None
     except Exception as err:
         raise CorruptShardError(url, _one_line(err)) from None
     meta = table.schema.metadata or {}
@@ -226,6 +268,85 @@ def read_shard(url: str, columns: list[str] | None = None, *, bad_values: str = 
         raise CorruptShardError(url, _one_line(err)) from None
     table = conform(table)
     return table.select(columns) if columns else table
+
+
+class _OverCap(Exception):
+    """A shard whose decoded size is over a ReadLimits cap (the message names the cap and the fix)."""
+
+
+def _over(what: str, size: int, cap: int, env: str) -> _OverCap:
+    return _OverCap(f"{what} decodes to {size} bytes, over the {cap}-byte cap (raise {env} to read it)")
+
+
+def _read_bounded(fh: Any, limits: ReadLimits) -> pa.Table:
+    """The whole file as an Arrow table, never decoding past `limits`.
+
+    1. The footer: the pages' uncompressed sizes and value counts, summed, must fit the shard cap (this
+       bounds every dictionary page and plain page before any is decompressed).
+    2. Batches decoded with every BYTE_ARRAY column kept as a dictionary: what a repeated string costs is
+       an index, not a copy. Each row's decoded size is measured on them (`_row_bytes`); a row or a running
+       total over a cap stops the read there.
+    3. Only then are the dictionary columns expanded to the file's own types.
+    """
+    meta = pq.read_metadata(fh)
+    footer = sum(_chunk_floor(meta.row_group(g).column(c))
+                 for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    if footer > limits.max_shard_bytes:
+        raise _over("the shard (by its footer)", footer, limits.max_shard_bytes, "ARLCTL_MAX_SHARD_BYTES")
+    schema = pq.ParquetFile(fh, metadata=meta).schema_arrow  # the file's own types, no dictionaries
+    leaves = [meta.schema.column(i) for i in range(len(meta.schema))]
+    strings = [leaf.path for leaf in leaves if leaf.physical_type == "BYTE_ARRAY"]
+    reader = pq.ParquetFile(fh, metadata=meta, read_dictionary=strings)
+    batches, total, first_row = [], 0, 0
+    for batch in reader.iter_batches(batch_size=DECODE_BATCH_ROWS):
+        sizes = _row_bytes(batch)  # [B]
+        if len(sizes) and int(sizes.max()) > limits.max_row_bytes:
+            row = first_row + int(sizes.argmax())
+            raise _over(f"row {row}", int(sizes.max()), limits.max_row_bytes, "ARLCTL_MAX_ROW_BYTES")
+        total += int(sizes.sum())
+        if total > limits.max_shard_bytes:
+            raise _over(f"the shard (rows 0..{first_row + batch.num_rows - 1} alone)", total,
+                        limits.max_shard_bytes, "ARLCTL_MAX_SHARD_BYTES")
+        batches.append(batch)
+        first_row += batch.num_rows
+    if not batches:
+        return schema.empty_table()
+    return pa.Table.from_batches(batches).cast(schema)
+
+
+def _chunk_floor(chunk: Any) -> int:
+    """The least one column chunk decodes to: its uncompressed pages, and at least 1 byte per value."""
+    return max(int(chunk.total_uncompressed_size), int(chunk.num_values))
+
+
+def _row_bytes(array: pa.Array | pa.RecordBatch) -> np.ndarray:
+    """[N] the bytes each row of `array` takes once every dictionary is expanded (strings: their bytes;
+    fixed-width values: their width; lists, maps and structs: the sum of what they hold)."""
+    if isinstance(array, pa.RecordBatch):
+        out = np.zeros(array.num_rows, dtype=np.int64)
+        for column in array.columns:
+            out += _row_bytes(column)
+        return out
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        per_value = _row_bytes(array.dictionary)  # [D]
+        indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)  # [N]
+        return per_value[indices] if len(per_value) else np.zeros(len(array), dtype=np.int64)
+    if pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind) \
+            or pa.types.is_large_binary(kind):
+        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_struct(kind):
+        out = np.zeros(len(array), dtype=np.int64)
+        for i in range(kind.num_fields):
+            out += _row_bytes(array.field(i))
+        return out
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)  # [N + 1]
+        child = _row_bytes(array.values if not pa.types.is_map(kind) else array.values)  # [V]
+        cumulative = np.concatenate([[0], np.cumsum(child)])
+        return cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+    width = kind.bit_width // 8 if hasattr(kind, "bit_width") and kind.bit_width else 1
+    return np.full(len(array), max(1, width), dtype=np.int64)
 
 
 def read_shards(urls: Iterable[str], on_corrupt: str = "raise") -> tuple[pa.Table, list[CorruptShardError]]:
@@ -268,13 +389,25 @@ def quarantine(url: str) -> str:
     return to_url(fs, target)
 
 
+def quarantine_rows(rows: pa.Table, url: str, causes: list[str], stage: str) -> str:
+    """Set aside rows of shard `url` that no stage may write (their causes are in the file's lineage):
+    `_quarantine/<stem>.rows.parquet` beside it, written as read (never validated, never coerced), so a
+    re-run overwrites it. The shard itself stays where it is. Returns the URL written."""
+    fs, path = get_fs(url)
+    directory, name = path.rsplit("/", 1)
+    target = to_url(fs, f"{directory}/_quarantine/{name.removesuffix('.parquet')}.rows.parquet")
+    lineage = Lineage(stage=stage, inputs=[url], extra={"quarantined_rows": causes})
+    return write_table_atomic(rows, target, {**SCHEMA_METADATA, LINEAGE_KEY: lineage.to_json().encode()})
+
+
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().replace("\n", " ")
     return f"{type(err).__name__}: {text}"[:300]
 
 
 __all__ = [
-    "DirListing", "Lineage", "config_hash", "is_shard_name", "join", "list_shards", "quarantine",
+    "DirListing", "Lineage", "ReadLimits", "config_hash", "is_shard_name", "join", "list_shards", "quarantine",
+    "quarantine_rows",
     "read_dirs", "read_lineage", "read_shard", "read_shards", "scan", "shard_name", "write_shard",
     "write_table_atomic",
 ]
