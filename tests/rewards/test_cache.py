@@ -245,7 +245,8 @@ def test_cli_cache_under_run_counts_and_metrics_and_no_cache(tmp_path):
     off = runner.invoke(app, [*args, "--out", str(run / "rewarded-off"), "--no-cache"])
     three = json.loads(off.stdout)
     assert three["cache"] is None and (three["cache_hits"], three["cache_misses"]) == (0, 0)
-    newest = max((run / "metrics").glob("reward-*.parquet"))
+    # The file this invocation wrote: names sort by time, but two invocations in one second tie on it.
+    (newest,) = set((run / "metrics").glob("reward-*.parquet")) - set(metrics)
     assert pq.read_table(newest).to_pylist()[0]["cache_hits"] is None  # no cache: not "0 hits"
     status = runner.invoke(app, ["status", str(run), "--json"])  # the metrics readers still read the files
     assert status.exit_code == 0, status.output

@@ -6,7 +6,7 @@ must stop at the caps (arlctl/io/shards.py ReadLimits) without expanding it, and
 then treat it as any unreadable shard: named, exit 1, the other shards rewarded; --quarantine moves it.
 A row whose response_mask is shorter than its ids (which no writer accepts) is set aside with its cause
 and its shard named; the shard's other rows are rewarded and written, and a re-run does not fail again.
-The attacks run through the real CLI, as a subprocess where memory is measured (os.wait4's rusage).
+The attacks run through the real CLI, as a subprocess that reports its own peak RSS (VmHWM).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from arlctl.io.shards import LINEAGE_KEY, Lineage, ReadLimits, read_shard, write
 from arlctl.schemas.rows import TrajectoryRow, Turn
 from arlctl.schemas.trajectory import SCHEMA_METADATA, TRAJECTORY_SCHEMA
 
-ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 RSS_BOUND_KB = 1 << 20  # 1 GB: generous for a reader that never expands the 7.2 GB it is handed
 
 
@@ -57,14 +56,30 @@ def dictionary_bomb(path, rows: int = 72_000, text_bytes: int = 100_000) -> int:
     return os.path.getsize(path)
 
 
+# The CLI under a wrapper that writes the process's own peak RSS (VmHWM of /proc/self/status) at exit.
+# Neither os.wait4's ru_maxrss nor getrusage can be used: Linux carries the forking parent's high-water mark
+# into the child across fork and exec, so under a large pytest process they report pytest's peak.
+_MEASURED = """
+import atexit, runpy, sys
+out = sys.argv.pop(1)
+def peak():
+    with open("/proc/self/status") as status, open(out, "w") as sink:
+        sink.write(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+atexit.register(peak)
+runpy.run_module("arlctl.cli.main", run_name="__main__", alter_sys=True)
+"""
+
+
 def run_cli(*args, env: dict[str, str] | None = None) -> tuple[int, str, str, int]:
     """(exit code, stdout, stderr, peak RSS in KB) of `arlctl ARGS` in its own process."""
-    proc = subprocess.Popen([*ARLCTL, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "COLUMNS": "250", **(env or {})}, text=True)
-    out, err = proc.stdout.read(), proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, out, err, usage.ru_maxrss
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".hwm") as hwm:
+        proc = subprocess.run([sys.executable, "-c", _MEASURED, hwm.name, *map(str, args)], capture_output=True,
+                              env={**os.environ, "COLUMNS": "250", **(env or {})}, text=True)
+        peak = hwm.read().strip()
+    assert peak.isdigit(), f"the CLI did not report its peak RSS (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    return proc.returncode, proc.stdout, proc.stderr, int(peak)
 
 
 def test_a_dictionary_bomb_is_refused_by_reward_without_expanding_it(tmp_path):

@@ -170,7 +170,8 @@ def test_mini_swe_agent_through_arlctl_serve(tmp_path, monkeypatch, reference_mo
     diff = git_diff(text_cwd)
     reward, components, info = asyncio.run(grade(task, diff, sandbox_factory("bwrap"), timeout=60))
     assert reward == 0.0 and components["tests_passed"] == 0.0
-    # The grade really ran: a trusted pytest run in which exactly the FAIL_TO_PASS tests still fail.
-    assert info["records_authentic"] and info["apply_ok"], info  # authentic, though in-process: not trusted
+    # The grade really ran: a trusted probe-graded run (a built-in task) in which exactly the FAIL_TO_PASS
+    # tests still fail.
+    assert info["mode"] == "probe" and info["trusted"] and info["apply_ok"], info
     assert info["failed"] == sorted(test_ids(task, "FAIL_TO_PASS")) and components["p2p"] == 1.0
     shutil.rmtree(stock_cwd, ignore_errors=True)
