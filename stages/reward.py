@@ -51,7 +51,17 @@ from arlctl.io.ledger import consumed_inputs
 from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, quarantine, quarantine_rows, read_shard, scan, write_shard
 from arlctl.rewards.cache import RewardCache
-from arlctl.rewards.scoring import Item, ScoreContext, Scored, Scorer, Slots, one_line, row_error, score_items
+from arlctl.rewards.scoring import (
+    Item,
+    ScoreContext,
+    Scored,
+    Scorer,
+    Slots,
+    one_line,
+    row_error,
+    score_items,
+    until_stopped,
+)
 from arlctl.schemas.trajectory import TRAJECTORY_SCHEMA, SchemaError, token_layout_problems
 from arlctl.stages.configs import RewardConfig
 from arlctl.turn_rows import CONTINUED, first_turn_indices
@@ -238,7 +248,8 @@ async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], ctx: Scor
 
 
 def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int = 4,
-                 cache: RewardCache | None = None, overlong: tuple[int, int] | None = None) -> pa.Table:
+                 cache: RewardCache | None = None, overlong: tuple[int, int] | None = None,
+                 stop: Any = None) -> pa.Table:
     """Return `table` with the reward columns filled by `reward`; every other column is unchanged.
 
     overlong: (L_max, L_cache) of DAPO's soft overlong penalty (arlctl/rl/advantages.py `overlong_penalty`),
@@ -248,12 +259,17 @@ def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int 
     Scored once per trajectory: the rows of a per-turn trajectory (arlctl/turn_rows.py) all get the score
     of its last row. A row that could not be scored has reward and reward_components null and
     reward_info {"error": ...}. With a cache, rows it holds are not scored again (arlctl/rewards/cache.py).
+
+    stop: anything with is_set() (SIGTERM/SIGINT set it). Once set, no further row is scored and the calls
+    in flight are cancelled (a remote request dripping its answer included): Interrupted, a TransientError,
+    and nothing of the table is returned.
     """
     rows = table.select(["task", "final_state", "turns", "trajectory_id", "group_id"]).to_pylist()
     units = _units(table, reward)
 
     async def score() -> list[Scored]:
-        return await _score_units(units, rows, ScoreContext(Slots(concurrency), cache))
+        return await until_stopped(_score_units(units, rows, ScoreContext(Slots(concurrency, stop=stop), cache)),
+                                   stop)
 
     scored = asyncio.run(score())
     n = table.num_rows
@@ -347,7 +363,8 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
     """Reward every input shard not yet consumed by out_url. Returns what was done.
 
     worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n
-    machines never take the same shard. stop: anything with is_set(); checked between shards.
+    machines never take the same shard. stop: anything with is_set(); checked between shards, and within
+    one before each row: a shard stopped half-way is not written (Interrupted, exit 75; it stays pending).
     cache: rows it holds are not scored again; each shard's new entries are appended to it (one file)
     before the shard is written, and also when its scoring stops on a TransientError (not with dry_run).
     """
@@ -381,7 +398,7 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         summary.row_errors += set_aside
         summary.add_causes({"invalid_row": len(set_aside)} if set_aside else {})
         try:
-            rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong)
+            rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong, stop=stop)
         finally:  # what was paid for is kept, also when a TransientError leaves the shard pending
             if cache is not None and not dry_run:
                 cache.flush()

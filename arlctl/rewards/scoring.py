@@ -25,9 +25,10 @@ import contextlib
 import functools
 import inspect
 import math
-from collections.abc import AsyncIterator, Callable
+import numbers
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from arlctl.errors import TransientError, UsageError
 from arlctl.rewards.cache import RewardCache, group_keys, item_key
@@ -61,7 +62,8 @@ def checked(result: Any) -> Scored:
         info = dict(info) if isinstance(info, dict) else {}
         return None, None, {**info, "error": str(info.get("error") or "the reward function returned no reward")}
     try:
-        reward, components = float(value), {str(k): float(v) for k, v in parts.items()}
+        reward = number(value)
+        components = {str(k): number(v) for k, v in parts.items()}
     except (TypeError, ValueError, AttributeError) as err:
         return row_error(f"the reward function returned a non-number ({one_line(err)})")
     # Finite as float32 too: the columns are float32, where 1e39 would land as inf.
@@ -69,6 +71,14 @@ def checked(result: Any) -> Scored:
         return row_error(f"the reward function returned a non-finite value (reward {reward}, "
                          f"components {components})")
     return reward, components, info
+
+
+def number(value: Any) -> float:
+    """A reward or component as a float: only a real number (int, float, numpy's), never a bool or a
+    string such as "1.0" that float() would take; a TypeError names anything else."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{type(value).__name__} {str(value)[:60]!r} is not a number")
+    return float(value)
 
 
 def one_line(err: BaseException) -> str:
@@ -95,12 +105,22 @@ class Item:
         return item_key(self.final_state, self.task, self.response_text, self.turns)
 
 
+class Interrupted(TransientError):
+    """The stage was asked to stop (SIGTERM/SIGINT) while scoring: no further call starts, the calls in
+    flight are cancelled, and the shard is not written (it stays pending; exit 75)."""
+
+
+STOPPED = ("stopped by a signal while scoring: the shard in progress is not written and stays pending "
+           "(rows already scored are kept in the reward cache, when there is one)")
+
+
 class Slots:
     """At most `n` scoring calls at once. wait_s bounds the wait for a slot (None: no bound); past it the
-    call fails with a TransientError (the reward server answers 503: busy, retry later)."""
+    call fails with a TransientError (the reward server answers 503: busy, retry later). stop: anything
+    with is_set(); once set, no call gets a slot (Interrupted): the stage stops at the next row."""
 
-    def __init__(self, n: int, wait_s: float | None = None):
-        self.n, self.wait_s = n, wait_s
+    def __init__(self, n: int, wait_s: float | None = None, stop: Any = None):
+        self.n, self.wait_s, self.stop = n, wait_s, stop
         self.active = self.waiting = 0
         self.peak_active = self.peak_waiting = 0  # the most at once so far (the reward server's /health)
         self._sem = asyncio.Semaphore(n)
@@ -120,6 +140,9 @@ class Slots:
                                          hint="retry later, or raise the server's --concurrency") from None
         finally:
             self.waiting -= 1
+        if self.stop is not None and self.stop.is_set():
+            self._sem.release()
+            raise Interrupted(STOPPED)
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)
         try:
@@ -139,6 +162,28 @@ class ScoreContext:
 
 
 Done = Callable[[int, Scored], None]  # report the result of items[i] as soon as it is known
+T = TypeVar("T")
+STOP_POLL_S = 0.1  # how often a scoring run looks at its stop flag (a threading.Event, set by a signal)
+
+
+async def until_stopped(work: Awaitable[T], stop: Any) -> T:
+    """Await `work`; once `stop` (anything with is_set(), or None) is set, cancel it and raise Interrupted,
+    so a call in flight (a reward server dripping its answer) never holds a stopping stage."""
+    task = asyncio.ensure_future(work)
+    if stop is None:
+        return await task
+    try:
+        while True:
+            finished, _ = await asyncio.wait({task}, timeout=STOP_POLL_S)
+            if finished:
+                return task.result()
+            if stop.is_set():
+                raise Interrupted(STOPPED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 def group_scorer(reward: Any) -> Callable[..., Any] | None:

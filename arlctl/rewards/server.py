@@ -30,18 +30,24 @@ module:attribute: a spec is code the server imports and calls with the client's 
 RemoteReward splits a shard's rows into up to `concurrency` requests (a group never split), each request
 holding one of the stage's slots. A refused connection, a timeout or a 5xx is a TransientError (the
 shard is retried later); a 400 or 404 is a UsageError; a 413 splits the request in two (a single row too
-big for the server gets reward null with the cause).
+big for the server gets reward null with the cause). The client trusts the server no more than it must:
+every request has one total deadline ($ARLCTL_REWARD_TIMEOUT_S, default 900 s: a server dripping its
+answer a byte at a time is cut off there), an answer is read up to $ARLCTL_MAX_REWARD_ANSWER_BYTES
+(256 MiB), and a 200 that is not a JSON object (a list, a string, invalid JSON, HTML) is a TransientError
+naming the server (exit 75), never a traceback. Only JSON numbers are rewards: a result whose reward or
+components are strings ("1.0"), booleans or anything else gets reward null with a cause naming the server
+(NaN and inf: null as for a local reward). A stage stopped by SIGTERM cancels its requests in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import logging
 import math
-import urllib.error
-import urllib.request
+import os
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -50,10 +56,14 @@ from aiohttp import web
 
 from arlctl.envs.registry import REWARD_GROUP, builtin_names, entry_points, get_reward, is_spec
 from arlctl.errors import TerminalError, TransientError, UsageError
-from arlctl.rewards.scoring import Done, Item, ScoreContext, Scored, Slots, row_error, score_items
+from arlctl.rewards.scoring import Done, Item, ScoreContext, Scored, Slots, number, row_error, score_items
 from arlctl.serve.validation import BodyTooLarge, parse_body
 
 DEFAULT_CLIENT_TIMEOUT_S = 900.0  # one request's scoring: sandboxed tests of a whole chunk can take minutes
+MAX_CLIENT_TIMEOUT_S = 86_400.0
+TIMEOUT_ENV = "ARLCTL_REWARD_TIMEOUT_S"  # the client's total deadline per request, in seconds
+DEFAULT_MAX_ANSWER_BYTES = 256 << 20  # one answer: 256 rows with their info
+MAX_ANSWER_ENV = "ARLCTL_MAX_REWARD_ANSWER_BYTES"
 MAX_ROWS_PER_REQUEST = 256  # the client's chunks: smaller requests keep a slow server's queue fair
 NOT_SERVED = {"auto"}  # a stage-side choice per row, not a reward
 
@@ -194,52 +204,136 @@ async def serve_forever(server: RewardServer, host: str, port: int, stop: asynci
 # ----------------------------------------------------------------------------------------------- the client
 
 
+def client_timeout_s() -> float:
+    """The total deadline of one request to a reward server, in seconds: $ARLCTL_REWARD_TIMEOUT_S, else
+    DEFAULT_CLIENT_TIMEOUT_S. It bounds the whole exchange (connect, headers, body), so a server that
+    drips its answer a byte at a time is cut off at the deadline like one that never answers."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_CLIENT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 < value <= MAX_CLIENT_TIMEOUT_S:
+        raise UsageError(f"{TIMEOUT_ENV}={raw[:40]!r} is not a number of seconds in (0, {MAX_CLIENT_TIMEOUT_S:g}]",
+                         hint=f"unset it, or e.g. {TIMEOUT_ENV}={DEFAULT_CLIENT_TIMEOUT_S:g}")
+    return value
+
+
+def max_answer_bytes() -> int:
+    """The largest answer body the client reads: $ARLCTL_MAX_REWARD_ANSWER_BYTES, else DEFAULT_MAX_ANSWER_BYTES."""
+    raw = os.environ.get(MAX_ANSWER_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_ANSWER_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{MAX_ANSWER_ENV}={raw[:40]!r} is not a positive number of bytes",
+                         hint=f"unset it, or e.g. {MAX_ANSWER_ENV}={DEFAULT_MAX_ANSWER_BYTES}")
+    return int(raw)
+
+
 def _http_failure(url: str, status: int, body: bytes) -> Exception:
     """The typed error of a non-200 answer (what a UsageError or TransientError says)."""
     try:
         error = json.loads(body).get("error", {})
         message, known = str(error.get("message", "")), error.get("known")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         message, known = body[:300].decode("utf-8", "replace"), None
+    if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
+        known = None
+    message = " ".join(message.split())[:300]
     text = f"reward server {url} answered {status}: {message}"
     if status in (400, 404, 401, 403, 405, 422):
         return UsageError(text, hint=f"served: {', '.join(known)}" if known else None)
-    return TransientError(text, hint="the shard stays pending; re-run once the reward server is healthy")
+    return TransientError(text, hint=RETRY_HINT)
+
+
+RETRY_HINT = "the shard stays pending; re-run once the reward server is healthy"
+
+
+def _bad_answer(url: str, what: str) -> TransientError:
+    """A 200 whose body is not the protocol's answer: the server is broken (or not an arlctl reward-serve);
+    the shard stays pending, and the command exits 75 naming the server."""
+    return TransientError(f"reward server {url} answered 200 with {what}, not a JSON object of results",
+                          hint=RETRY_HINT + " (is it an `arlctl reward-serve`?)")
+
+
+def parse_answer(url: str, body: bytes) -> dict[str, Any]:
+    """A 200 body as the JSON object it must be; a TransientError naming the server for anything else
+    (invalid JSON, HTML, a list, a string, a number)."""
+    try:
+        answer = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        start = " ".join(body[:60].decode("utf-8", "replace").split())
+        raise _bad_answer(url, f"a body that is not JSON ({type(err).__name__}; it starts {start!r})") from None
+    if not isinstance(answer, dict):
+        raise _bad_answer(url, f"JSON {type(answer).__name__}")
+    return answer
+
+
+def remote_result(url: str, result: Any) -> Scored:
+    """One entry of `results` as (reward, components, info); a row error naming the server when the reward
+    is not a number or null, or the components not an object of numbers (a string "1.0" or true is no
+    reward: only JSON numbers are; NaN and inf are refused by `checked` like a local reward's)."""
+    if not isinstance(result, dict):
+        return row_error(f"reward server {url} sent a result that is JSON {type(result).__name__}, not an object")
+    reward, components = result.get("reward"), result.get("components")
+    info = result.get("info") if isinstance(result.get("info"), dict) else {}
+    if reward is None:
+        return None, None, info
+    try:
+        number(reward)
+        if not isinstance(components, dict):
+            raise TypeError(f"components are {type(components).__name__}, not an object")
+        for value in components.values():
+            number(value)
+    except TypeError as err:
+        return row_error(f"reward server {url} sent no usable reward ({err})")
+    return reward, components, info
 
 
 class RemoteReward:
-    """A reward scored by an `arlctl reward-serve` (see the module docstring). Its version is the server's."""
+    """A reward scored by an `arlctl reward-serve` (see the module docstring). Its version is the server's.
+
+    Every request (the version request included) has one total deadline, timeout_s (client_timeout_s()),
+    and reads at most max_answer_bytes of answer; past either it is a TransientError naming the server.
+    A 200 that is not a JSON object is one too (exit 75, the shard stays pending)."""
 
     cacheable = True  # keyed by the server's version, which names the reward, its options and rubric
 
-    def __init__(self, url: str, options: dict[str, Any] | None = None,
-                 timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
+    def __init__(self, url: str, options: dict[str, Any] | None = None, timeout_s: float | None = None):
         parts = urlsplit(url)
         prefix, _, reward_name = parts.path.rstrip("/").rpartition("/")
         if parts.scheme not in ("http", "https") or not parts.netloc or not reward_name:
             raise UsageError(f"--reward {url!r}: a remote reward is http://HOST:PORT/NAME")
         self.name, self.reward_name, self.options = url, unquote(reward_name), dict(options or {})
         self.score_url = f"{parts.scheme}://{parts.netloc}{prefix}/score/{quote(self.reward_name, safe=':')}"
-        self.timeout_s = timeout_s
+        self.timeout_s = client_timeout_s() if timeout_s is None else timeout_s
+        self.max_answer_bytes = max_answer_bytes()
         self.version = self._describe()
 
     def _describe(self) -> str:
         """The remote reward's version (a request with no rows): also checks the name and the options."""
-        data = json.dumps({"rows": [], "options": self.options}).encode()
-        request = urllib.request.Request(self.score_url, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 (http(s) checked above)
-                return str(json.load(response)["version"])
-        except urllib.error.HTTPError as err:
-            raise _http_failure(self.score_url, err.code, err.read()) from None
-        except (OSError, ValueError, KeyError) as err:
-            raise TransientError(f"reward server {self.score_url} unreachable: {type(err).__name__}: {err}",
-                                 hint="start `arlctl reward-serve` there (and check --reward), then re-run") from None
+        status, body = _run_sync(self._describe_request())
+        if status != 200:
+            raise _http_failure(self.score_url, status, body)
+        version = parse_answer(self.score_url, body).get("version")
+        if not isinstance(version, str) or not version:
+            raise _bad_answer(self.score_url, f"an object whose version is {type(version).__name__}")
+        return version
+
+    async def _describe_request(self) -> tuple[int, bytes]:
+        async with self._session() as http:
+            return await self._post(http, {"rows": [], "options": self.options}, unreachable=True)
+
+    def _session(self) -> aiohttp.ClientSession:
+        # total bounds the whole request; asyncio.timeout in _post bounds it again, body read included.
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=min(30.0, self.timeout_s))
+        # No connection cap of aiohttp's own (100): the stage's slots bound the requests in flight.
+        return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
 
     async def score_batch(self, items: list[Item], ctx: ScoreContext, done: Done) -> None:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.timeout_s)
-        # No connection cap of aiohttp's own (100): the stage's slots bound the requests in flight.
-        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with self._session() as http:
             await asyncio.gather(*(self._score_chunk(http, items, chunk, ctx, done)
                                    for chunk in chunks(items, ctx.slots.n)))
 
@@ -260,11 +354,11 @@ class RemoteReward:
             return
         if status != 200:
             raise _http_failure(self.score_url, status, body)
-        self._record(json.loads(body), chunk, done)
+        self._record(parse_answer(self.score_url, body), chunk, done)
 
     def _record(self, answer: dict[str, Any], chunk: list[int], done: Done) -> None:
         if answer.get("version") != self.version:  # the server now runs another reward under this name
-            raise TerminalError(f"reward server {self.score_url} now scores version {answer.get('version')!r}, "
+            raise TerminalError(f"reward server {self.score_url} now scores version {str(answer.get('version'))[:80]!r}, "
                                 f"not {self.version!r} as when this run started",
                                 hint="re-run: each invocation asks the server for its version once")
         results = answer.get("results")
@@ -274,18 +368,49 @@ class RemoteReward:
                                   f"results for {len(chunk)} rows"))
             return
         for j, result in zip(chunk, results, strict=True):
-            result = result if isinstance(result, dict) else {}
-            info = result.get("info") if isinstance(result.get("info"), dict) else {}
-            done(j, (result.get("reward"), result.get("components"), info))
+            done(j, remote_result(self.score_url, result))
 
-    async def _post(self, http: aiohttp.ClientSession, payload: dict[str, Any]) -> tuple[int, bytes]:
+    async def _post(self, http: aiohttp.ClientSession, payload: dict[str, Any],
+                    unreachable: bool = False) -> tuple[int, bytes]:
+        """(status, body) of one POST, within timeout_s in all and at most max_answer_bytes of body."""
         try:
-            async with http.post(self.score_url, data=_dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"}) as response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise TransientError(f"reward server {self.score_url} failed: {type(err).__name__}: {err}",
-                                 hint="the shard stays pending; re-run once the reward server is up") from None
+            async with asyncio.timeout(self.timeout_s):
+                async with http.post(self.score_url, data=_dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"}) as response:
+                    return response.status, await self._read(response)
+        except TimeoutError:
+            raise TransientError(f"reward server {self.score_url} did not answer within {self.timeout_s:g} s",
+                                 hint=f"{RETRY_HINT}; ${TIMEOUT_ENV} sets this deadline") from None
+        except aiohttp.ClientError as err:
+            what = "unreachable" if unreachable else "failed"
+            raise TransientError(f"reward server {self.score_url} {what}: {type(err).__name__}: {err}",
+                                 hint="start `arlctl reward-serve` there (and check --reward), then re-run"
+                                 if unreachable else RETRY_HINT) from None
+
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+        limit = self.max_answer_bytes
+        if response.content_length is not None and response.content_length > limit:
+            raise self._too_big(f"{response.content_length} bytes")
+        body = bytearray()
+        async for piece in response.content.iter_chunked(1 << 16):
+            body += piece
+            if len(body) > limit:
+                raise self._too_big(f"more than {limit} bytes")
+        return bytes(body)
+
+    def _too_big(self, size: str) -> TransientError:
+        return TransientError(f"reward server {self.score_url} answered {size}; at most {self.max_answer_bytes} "
+                              "are read", hint=f"{RETRY_HINT}; ${MAX_ANSWER_ENV} raises the cap")
+
+
+def _run_sync(work: Any) -> Any:
+    """Run a coroutine to its end from synchronous code (in a thread of its own inside a running loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def chunks(items: list[Item], n: int) -> list[list[int]]:
