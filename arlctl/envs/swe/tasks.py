@@ -20,7 +20,11 @@ built-in task's `repo/`, the snapshot cache, and directories the user lists in $
 (separated by `:`). The path is resolved (every symlink followed) before it is checked, so a link out of a base is
 refused like any other path; links inside a snapshot are copied as links, never read through. A refusal
 is a `SnapshotRefused` (a TerminalError of that row): one line, raised before anything at that path
-is opened.
+is opened. A `repo_path` is confined through every git indirection too (`confined_object_dirs`: a `.git`
+file or link, commondir, objects or a pack as a link, chained alternates), and git reads only its
+object directories, through a git directory of ours with our environment and config alone, so the
+repository's config (include.path, a partial clone's promisor remote), refs, grafts and shallow file
+are never read.
 
 Image tasks (SWE-bench per-instance images: `image`, optional `repo_dir`, default /testbed, and no
 `repo_snapshot`) run only on the docker backend, in a container of that image with the workspace at
@@ -227,10 +231,19 @@ def _build_snapshot(src: Path, name: str) -> str:
 
 _GIT_READ = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "safe.directory=*"]
 _MODES = {"100644": 0o644, "100755": 0o755}
+# What git reads of a task's repository, it reads through a git directory of ours (GIT_DIR, with our own
+# config, no refs, grafts, shallow or worktrees) whose only link to the repository is an alternates file
+# listing its object directories, each resolved and confined first. The environment is ours alone (no
+# GIT_* of the caller), with no lazy fetch for a partial clone's missing objects and no replace refs.
+_GIT_READ_ENV = {**_GIT_ENV, "GIT_NO_LAZY_FETCH": "1", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0",
+                 "GIT_ALLOW_PROTOCOL": "none"}
+MAX_ALTERNATE_DEPTH = 5  # as git's own limit on chained alternates
+_MAX_POINTER_BYTES = 4096  # a `.git` file, `commondir` or `alternates` larger than this is refused
 
 
-def _git_read(repo: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*_GIT_READ, "-C", str(repo), *args], env=_GIT_ENV, input=stdin, capture_output=True)
+def _git_read(git_dir: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*_GIT_READ, *args], env={**_GIT_READ_ENV, "GIT_DIR": str(git_dir)}, input=stdin,
+                          capture_output=True, cwd=git_dir)
 
 
 def prepare_repo_snapshot(task: dict[str, Any]) -> str:
@@ -239,42 +252,153 @@ def prepare_repo_snapshot(task: dict[str, Any]) -> str:
     Only the base commit's tree is exported, blob by blob (`git cat-file`, so no filter, attribute or
     hook of the repository runs and nothing of the working tree, the index or other commits is read): the
     policy sees the buggy files and no history, so neither the fix nor test_patch's tests, even when the
-    repository holds them in later commits. Built once per tree id."""
+    repository holds them in later commits. Built once per tree id.
+
+    git never opens the repository itself: `confined_object_dirs` resolves every indirection of it (a
+    `.git` file, `commondir`, `objects` and anything in it as a link, chained alternates) and refuses any
+    that lands outside the allowed bases; git then reads only those object directories, through a git
+    directory of ours, so the repository's config (include.path, core.worktree, ...), refs, grafts,
+    shallow file and worktrees are never read. base_commit is therefore a commit id (full or abbreviated)."""
     repo = resolve_snapshot_ref(task, "repo_path")
     base = task.get("base_commit")
     if not isinstance(base, str) or not base.strip() or base.startswith("-") or any(c.isspace() for c in base):
         raise BadTaskRow(f"swe task {_row_name(task)} has repo_path but no usable base_commit ({base!r})",
                          hint="base_commit names the commit the task starts from (a sha)")
-    _check_git_dir(repo, task)
-    tree = _git_read(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{base}^{{tree}}")
-    if tree.returncode != 0:
-        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} has no commit {base!r}",
-                         hint="fetch the commit into the repository, or fix base_commit")
-    tree_id = tree.stdout.decode().strip()
-    name = f"{task.get('instance_id') or task.get('task_id')}-git-{tree_id[:16]}".replace("/", "_")
-    if (snapshot_root() / name / ".git" / "HEAD").is_file():
-        return str(snapshot_root() / name)
+    objects = confined_object_dirs(repo, task)
     with tempfile.TemporaryDirectory() as scratch:
-        _export_tree(repo, tree_id, Path(scratch), _row_name(task))
-        return _build_snapshot(Path(scratch), name)
+        git_dir = _reader_git_dir(Path(scratch) / "git", objects)
+        tree = _git_read(git_dir, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{base}^{{tree}}")
+        if tree.returncode != 0:
+            raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} has no commit {base!r}",
+                             hint="fetch the commit into the repository, or fix base_commit (a commit id)")
+        tree_id = tree.stdout.decode().strip()
+        name = f"{task.get('instance_id') or task.get('task_id')}-git-{tree_id[:16]}".replace("/", "_")
+        if (snapshot_root() / name / ".git" / "HEAD").is_file():
+            return str(snapshot_root() / name)
+        (Path(scratch) / "tree").mkdir()
+        _export_tree(git_dir, tree_id, Path(scratch) / "tree", _row_name(task))
+        return _build_snapshot(Path(scratch) / "tree", name)
 
 
-def _check_git_dir(repo: Path, task: dict[str, Any]) -> None:
-    """The repository's git directory must lie inside repo_path itself: git would otherwise find one in a
-    parent directory (or follow a `.git` file) outside the allowed base and export that repository."""
-    probe = _git_read(repo, "rev-parse", "--absolute-git-dir")
-    if probe.returncode != 0:
-        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a usable git repository "
-                         f"({probe.stderr.decode().strip()[-200:]})")
-    git_dir = os.path.realpath(probe.stdout.decode().strip())
-    if not _within(git_dir, repo):
+def _reader_git_dir(git_dir: Path, objects: list[Path]) -> Path:
+    """A bare git directory of ours whose objects are the given (confined) object directories."""
+    (git_dir / "objects" / "info").mkdir(parents=True)
+    (git_dir / "refs").mkdir()
+    (git_dir / "HEAD").write_text("ref: refs/heads/main\n")
+    (git_dir / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
+    (git_dir / "objects" / "info" / "alternates").write_text("".join(f"{p}\n" for p in objects))
+    return git_dir
+
+
+def _allowed(path: str) -> bool:
+    return _in_builtin_repo(path) or any(_within(path, base) for base in snapshot_bases())
+
+
+def _confine(path: str, what: str, repo: Path, task: dict[str, Any]) -> Path:
+    """`path` resolved (every link followed); SnapshotRefused naming `what` when it lies outside the bases."""
+    real = os.path.realpath(path)
+    if _allowed(real):
+        return Path(real)
+    shown = path if real == path else f"{path} (resolving to {real})"
+    raise SnapshotRefused(f"swe task {_row_name(task)}: repo_path {repo}: {what} {shown} is outside the allowed "
+                          "snapshot bases", hint=f"every part of the repository must lie in ${SNAPSHOT_BASES_ENV}")
+
+
+def _pointer(path: Path, repo: Path, task: dict[str, Any]) -> str:
+    """The text of a small git pointer file (`.git`, commondir, alternates), read without following it out."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(_MAX_POINTER_BYTES + 1)
+    except OSError as err:
+        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo}: cannot read {path.name} ({err})") from None
+    if len(raw) > _MAX_POINTER_BYTES or b"\0" in raw:
+        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo}: {path} is not a git pointer file")
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _git_dir_of(repo: Path, task: dict[str, Any]) -> Path:
+    """The repository's git directory, found as git would in repo_path itself (never in a parent):
+    `.git` (a directory, a link, or a `gitdir:` file), or repo_path when it is a bare repository."""
+    dot = repo / ".git"
+    if dot.is_symlink() or dot.exists():
+        real = _confine(str(dot), ".git", repo, task)
+        if real.is_dir():
+            return real
+        text = _pointer(real, repo, task)
+        if not text.startswith("gitdir: "):
+            raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a usable git repository "
+                             "(its .git file is not `gitdir: PATH`)")
+        target = text[len("gitdir: "):].strip()
+        found = _confine(os.path.join(real.parent, target), ".git's gitdir", repo, task)
+        if not found.is_dir():
+            raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a usable git repository "
+                             f"(its gitdir {target} is not a directory)")
+        return found
+    if (repo / "HEAD").is_file() and (repo / "objects").is_dir():
+        return repo  # a bare repository
+    parent = next((p for p in repo.parents if (p / ".git").exists()), None)
+    if parent is not None:
         raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a git repository of its own "
-                         f"(its git directory is {git_dir})", hint="give the repository's top directory")
+                         f"(the repository around it is {parent})", hint="give the repository's top directory")
+    raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a usable git repository (no .git)")
 
 
-def _export_tree(repo: Path, tree_id: str, dst: Path, row: str) -> None:
+def confined_object_dirs(repo: Path, task: dict[str, Any]) -> list[Path]:
+    """Every object directory git would read for repo_path, resolved, each inside the allowed bases.
+
+    Followed and confined: the git directory (`.git` as a link or a `gitdir:` file), its `commondir`
+    (a worktree's shared directory), `objects` as a link, every link inside an object directory (a pack,
+    a loose object, commit-graph files), and `objects/info/alternates`, chained up to
+    MAX_ALTERNATE_DEPTH. Anything outside is a SnapshotRefused naming it; nothing else of the
+    repository is read (see prepare_repo_snapshot)."""
+    git_dir = _git_dir_of(repo, task)
+    common = git_dir
+    if (git_dir / "commondir").is_symlink() or (git_dir / "commondir").exists():
+        target = _pointer(_confine(str(git_dir / "commondir"), "commondir", repo, task), repo, task).strip()
+        common = _confine(os.path.join(git_dir, target), "commondir", repo, task)
+    first = _confine(str(common / "objects"), "the object directory", repo, task)
+    if not first.is_dir():
+        raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo} is not a usable git repository "
+                         f"(no object directory at {common / 'objects'})")
+    out: list[Path] = []
+    todo = [(first, 0)]
+    while todo:
+        objects, depth = todo.pop(0)
+        if objects in out:
+            continue
+        out.append(objects)
+        _confine_links(objects, repo, task)
+        alternates = objects / "info" / "alternates"
+        if not (alternates.is_symlink() or alternates.exists()):
+            continue
+        for line in _pointer(alternates, repo, task).splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if depth + 1 > MAX_ALTERNATE_DEPTH or line.startswith('"'):
+                raise SnapshotRefused(f"swe task {_row_name(task)}: repo_path {repo}: alternate {line} of "
+                                      f"{objects} is {'quoted' if line.startswith(chr(34)) else 'chained too deep'}; "
+                                      "refused")
+            alternate = _confine(os.path.join(objects, line), f"alternate object directory of {objects}", repo, task)
+            if not alternate.is_dir():
+                raise BadTaskRow(f"swe task {_row_name(task)}: repo_path {repo}: alternate {line} of {objects} "
+                                 "is not a directory")
+            todo.append((alternate, depth + 1))
+    return out
+
+
+def _confine_links(objects: Path, repo: Path, task: dict[str, Any]) -> None:
+    """Every link inside an object directory (a pack, a loose object, an info file) resolves inside the bases."""
+    for root, dirs, files in os.walk(objects):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                _confine(path, "a link in the object directory", repo, task)
+
+
+def _export_tree(git_dir: Path, tree_id: str, dst: Path, row: str) -> None:
     """Write the files of one tree into dst: exact blob bytes, executable bits, links as links."""
-    listing = _git_read(repo, "ls-tree", "-r", "-z", "--full-tree", tree_id)
+    listing = _git_read(git_dir, "ls-tree", "-r", "-z", "--full-tree", tree_id)
     if listing.returncode != 0:
         raise BadTaskRow(f"swe task {row}: cannot list tree {tree_id[:12]}: {listing.stderr.decode()[-300:]}")
     entries = []
@@ -292,7 +416,7 @@ def _export_tree(repo: Path, tree_id: str, dst: Path, row: str) -> None:
             entries.append((mode, sha, path))
         elif kind == "commit":  # a submodule: its files are not in this repository; leave it empty
             (dst / path).mkdir(parents=True, exist_ok=True)
-    blobs = _git_read(repo, "cat-file", "--batch", stdin="".join(f"{sha}\n" for _, sha, _ in entries).encode())
+    blobs = _git_read(git_dir, "cat-file", "--batch", stdin="".join(f"{sha}\n" for _, sha, _ in entries).encode())
     if blobs.returncode != 0:
         raise BadTaskRow(f"swe task {row}: cannot read blobs: {blobs.stderr.decode()[-300:]}")
     out, offset = blobs.stdout, 0
