@@ -225,8 +225,8 @@ def _scrub(req):
         finally:
             del sys.path[0]
         verdict = _lease_reset.scrub([str(d) for d in req.get("dirs") or []])
-    except Exception as e:  # the host relaunches a sandbox it cannot prove clean
-        return {"clean": False, "left": [f"scrub failed: {type(e).__name__}: {e}"]}
+    except Exception as e:  # the host relaunches a sandbox it cannot prove clean (and is told why)
+        verdict = {"clean": False, "left": [f"scrub failed: {type(e).__name__}: {e}"]}
     left = list(verdict.get("left") or []) + _drift()
     return {"clean": verdict.get("clean") is True and not left, "left": left[:20]}
 

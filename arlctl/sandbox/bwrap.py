@@ -445,7 +445,12 @@ class BwrapSandbox:
             if relaunch:  # the old namespaces die with the old bwrap, together with anything they held
                 await self._stop()
             if not relaunch:
-                await asyncio.to_thread(self._clear_host_dirs)
+                try:
+                    await asyncio.to_thread(self._clear_host_dirs)
+                except OSError as e:  # a root the lease locked (chmod 000), when we are not root
+                    self.last_scrub_left = [f"host side not emptied: {e}"]
+                    relaunch = True
+                    await self._stop()
             if self._dirty and not relaunch and not await self._scrub():
                 relaunch = True
                 await self._stop()
@@ -550,7 +555,7 @@ def _unlock_tree(path: Path) -> None:
     lease locked (chmod 000) can be removed. Only real directories: never through a link (the lease's
     processes are all dead by then, so nothing can swap one in)."""
     os.chmod(path, 0o700)  # first: a locked top cannot be listed
-    for top, dirs, _files_ in os.walk(path):
+    for top, dirs, _names in os.walk(path):
         for d in (os.path.join(top, name) for name in dirs):
             try:
                 if stat.S_ISDIR(os.lstat(d).st_mode):

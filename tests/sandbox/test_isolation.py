@@ -378,7 +378,7 @@ def test_a_scrub_that_cannot_prove_the_sandbox_clean_relaunches_it(bwrap_kind, p
     sb, again, before, after = run(scenario())
     assert again is sb and sb.resets == {"scrubbed": 0, "relaunched": 2}  # after each of the two leases
     assert sb.last_scrub_left == ["writable mount /tmp"]
-    # bwrap is pid 1 and the exec server pid 2 in a fresh pid namespace: the same numbers, new namespace.
+    # The exec server is pid 1 of a fresh pid namespace each time: the same number, a new namespace.
     assert after.stdout.split() == [before.stdout.split()[0], "/dev/shm:", "/tmp:", "0"], after
 
 
