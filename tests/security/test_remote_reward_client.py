@@ -266,3 +266,37 @@ def test_sigterm_during_a_drip_stops_at_once_and_writes_no_half_shard(hostile, r
     assert read_shard(str(out / "part-1.parquet")).column("reward").to_pylist() == [1.0] * 4
     leftovers = [p.name for p in out.rglob("*") if p.is_file() and "part-2" in p.name]
     assert leftovers == [], leftovers
+
+
+CALLS: list[str] = []
+STOP = threading.Event()
+
+
+def stops_on_third(final_state, task, response_text):
+    """A synchronous local reward that sets the stage's stop flag (as SIGTERM would) on its third row."""
+    CALLS.append(task["task_id"])
+    if len(CALLS) == 3:
+        STOP.set()
+    return 1.0, {"r": 1.0}, {}
+
+
+stops_on_third.version = "stops-1"
+
+
+def test_a_stop_mid_shard_stops_at_the_next_row_and_writes_nothing_of_it(tmp_path):
+    """The stop flag is looked at before every row, not only between shards: of a 16-row shard, 3 rows are
+    scored, Interrupted (exit 75) is raised, and no output shard is written."""
+    from arlctl.envs.registry import get_reward
+    from arlctl.rewards.scoring import Interrupted
+    from arlctl.stages.reward import reward_dir
+
+    CALLS.clear()
+    STOP.clear()
+    write_shard(rows_to_table([row(i) for i in range(16)]), str(tmp_path / "in" / "part-1.parquet"),
+                Lineage(stage="rollout"))
+    with pytest.raises(Interrupted, match="stopped by a signal while scoring") as err:
+        reward_dir(str(tmp_path / "in"), str(tmp_path / "out"), get_reward(f"{__name__}:stops_on_third"),
+                   concurrency=4, stop=STOP)
+    assert err.value.exit_code == 75
+    assert len(CALLS) == 3
+    assert list_shards(str(tmp_path / "out")) == []

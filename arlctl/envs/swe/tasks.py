@@ -550,7 +550,7 @@ def _check_base_commit(task: dict[str, Any], src: Path) -> None:
     if not (src / ".git").exists() or len(base) < 7 or any(c not in "0123456789abcdef" for c in base):
         return
     head = subprocess.run(["git", "-c", "core.fsmonitor=false", "-c", "safe.directory=*", "-C", str(src),
-                           "rev-parse", "HEAD"], env=_GIT_ENV, capture_output=True, text=True).stdout.strip()
+                           "rev-parse", "HEAD"], env=_GIT_READ_ENV, capture_output=True, text=True).stdout.strip()
     if head and not head.startswith(base):
         raise UsageError(f"swe task {task.get('task_id')!r}: the image's repository is at {head[:12]}, "
                          f"not at base_commit {base[:12]}", hint="check the task's image and base_commit")
