@@ -22,7 +22,7 @@ HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, 
 
   arlctl serve --policy tiny --reply 'Done.' --port 8000    # fixed replies, no model: harness and load tests
 
-A session is named by the X-Arlctl-Session request header (else found by matching the conversation prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops; its rows are written then. A harness can attach its outcome first: POST /v1/sessions/ID/reward {"reward": R, "info": {...}} writes the session's rows with that reward and reward_version session-api. Ctrl-C or SIGTERM writes every open session and exits (a second one exits at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400 naming the field. Exit status 1 when some session's rows could not be written (each is logged)."""
+A session is named by the X-Arlctl-Session request header (else found by matching the conversation prefix). It ends on POST /v1/sessions/ID/end, after --idle-timeout seconds, or when the server stops. Ended sessions are written in batches: one shard per --flush-sessions sessions, or once the oldest waited --flush-seconds; POST /v1/sessions/ID/end answers only once that session's rows are committed (sessions ended at the same time share a shard). A harness can attach its outcome first: POST /v1/sessions/ID/reward {"reward": R, "info": {...}} writes the session's rows with that reward and reward_version session-api. Ctrl-C or SIGTERM writes every open session and exits (a second one exits at once). A request body over --max-body-bytes is refused with 413; malformed requests get a 400 naming the field. Exit status 1 when some session's rows could not be written (each is logged)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +40,9 @@ def register(app: typer.Typer) -> None:
         server: list[str] = typer.Option([], "--server", help="Upstream server URL (openai backend; repeatable)."),
         max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, "--max-body-bytes",
                                            help="Largest request body accepted (bigger: 413)."),
+        flush_sessions: int = typer.Option(64, "--flush-sessions", help="Ended sessions per shard."),
+        flush_seconds: float = typer.Option(10.0, "--flush-seconds",
+                                            help="Commit a shard once its oldest ended session waited S seconds."),
         reply: list[str] = typer.Option([], "--reply", help="Answer with fixed text instead of a model (repeatable: "
                                         "turn i gets reply i); loads only --policy's tokenizer. For harness and "
                                         "load tests."),
@@ -50,22 +53,25 @@ def register(app: typer.Typer) -> None:
 
         check_int("--max-tokens", max_tokens, 1, MAX_NEW_TOKENS)
         check_int("--max-body-bytes", max_body_bytes, 1, 1 << 40)
-        if not (math.isfinite(idle_timeout) and idle_timeout > 0):
-            raise UsageError(f"--idle-timeout must be a positive number of seconds, got {idle_timeout}")
+        check_int("--flush-sessions", flush_sessions, 1, 1 << 20)
+        for flag, value in (("--idle-timeout", idle_timeout), ("--flush-seconds", flush_seconds)):
+            if not (math.isfinite(value) and value > 0):
+                raise UsageError(f"{flag} must be a positive number of seconds, got {value}")
         if reply:
             pol = _scripted(policy, reply)
         else:
             opts: dict[str, Any] = {"max_batch": max_batch} if backend == "hf" else {}
             pol = load_policy(policy, backend=backend, **opts)
         state = ServeState(pol, record, idle_timeout_s=idle_timeout, default_max_tokens=max_tokens,
-                           max_body_bytes=max_body_bytes)
+                           max_body_bytes=max_body_bytes, flush_sessions=flush_sessions, flush_seconds=flush_seconds)
         console.print(f"serving {pol.name} (v{pol.version}) on http://{host}:{port}/v1"
                       + (f", recording to {record}" if record else ", not recording"))
         try:
             asyncio.run(_main(state, host, port))
         except KeyboardInterrupt:
             pass
-        console.print(f"wrote {len(state.rows_written)} rows in {len(state.writer.written)} shards")
+        console.print(f"wrote {state.writer.rows_written} rows of {state.writer.sessions_written} sessions in "
+                      f"{len(state.writer.written)} shards")
         if state.failed:
             first = next(iter(state.failed.items()))
             raise TerminalError(f"{len(state.failed)} sessions could not be written (first: {first[0]}: {first[1]})",

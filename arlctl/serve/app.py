@@ -7,8 +7,10 @@ POST /v1/sessions/{id}/reward. aiohttp (already a dependency of the stack) keeps
 Sessions: the `X-Arlctl-Session` request header names one; without it, a chat request joins the open
 session whose record it extends (conversation-prefix matching), else opens a new one. The response always
 carries the session id in the same header. A session ends on POST /v1/sessions/{id}/end, after
-`idle_timeout_s` without requests, or when the server stops; its segments are then written as one group
-of trajectory rows (GroupShardWriter, one shard per ended session).
+`idle_timeout_s` without requests, or when the server stops; its segments become one group of trajectory
+rows, and ended sessions are committed in batches (arlctl.serve.batcher: a shard per `flush_sessions`
+sessions or `flush_seconds`, whichever comes first). POST /v1/sessions/{id}/end answers once the
+session's rows are committed (a 503 when the write failed: the rows stay queued and are retried).
 
 Outcomes: a black-box harness that knows how a session went posts {"reward": R, "info": {...}} to
 /v1/sessions/{id}/reward before ending it; every row of the session is then written with reward R,
@@ -52,8 +54,7 @@ from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Generation, Policy, SamplingParams
 from arlctl.inference.chat import ChatCodec
 from arlctl.io.shards import Lineage
-from arlctl.io.sink import GroupShardWriter
-from arlctl.schemas.rows import TrajectoryRow
+from arlctl.serve.batcher import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_SESSIONS, SessionBatcher
 from arlctl.serve.recorder import Recorder, Session
 from arlctl.serve.sse import (
     EventStream,
@@ -94,7 +95,8 @@ class ServeState:
     """Everything the handlers share: the policy, the recorder, the writer, per-session locks."""
 
     def __init__(self, policy: Policy, record_dir: str | None, idle_timeout_s: float = 600.0,
-                 default_max_tokens: int = 256, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 default_max_tokens: int = 256, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 flush_sessions: int = DEFAULT_FLUSH_SESSIONS, flush_seconds: float = DEFAULT_FLUSH_SECONDS):
         self.policy = policy
         self.codec = ChatCodec(policy.tokenizer)
         self.recorder = Recorder(self.codec, policy.name)
@@ -102,17 +104,17 @@ class ServeState:
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
         self.vocab_size = len(policy.tokenizer)  # prompt ids must decode: the tokenizer's vocabulary
-        self.writer = GroupShardWriter(
-            record_dir or "", lambda: Lineage(stage="serve", extra={"policy": policy.name}),
-            flush_groups=1, prefix="serve", dry_run=record_dir is None)
-        # Parsing and tokenising run here, never on the event loop (a 4 MB prompt takes seconds).
+        # Parsing, tokenising and shard writes run here, never on the event loop (a 4 MB prompt takes seconds).
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arlctl-serve")
+        self.writer = SessionBatcher(
+            record_dir or "", lambda: Lineage(stage="serve", extra={"policy": policy.name}), self.offload,
+            flush_sessions=flush_sessions, flush_seconds=flush_seconds, dry_run=record_dir is None)
         self.locks: dict[str, asyncio.Lock] = {}
-        self.rows_written: list[TrajectoryRow] = []
         self.failed: dict[str, str] = {}  # session id -> why its rows could not be written
         self.ended: dict[str, None] = {}  # ids of ended sessions, oldest first (an ordered set)
         self.stats = {"requests": 0, "in_flight": 0, "preparing": 0, "generated_tokens": 0,
                       "sessions_ended": 0, "sessions_failed": 0, "sessions_rewarded": 0,
+                      "sessions_waiting": 0, "shards_written": 0, "flush_failures": 0,
                       "streams": 0, "streams_disconnected": 0}
 
     def lock(self, session_id: str) -> asyncio.Lock:
@@ -129,7 +131,9 @@ class ServeState:
             raise
 
     async def end_session(self, session_id: str, reason: str) -> int:
-        """Close one session and write its rows; never raises (a failure is logged and marked)."""
+        """Close one session and queue its rows for the next shard (committed at once when a batch is
+        full); never raises (a session the schema refuses is logged and marked; a failed write is
+        logged and retried by the next flush)."""
         self.locks.pop(session_id, None)
         self.stats["sessions_ended"] += 1
         self.ended[session_id] = None
@@ -138,13 +142,30 @@ class ServeState:
         try:
             rows = self.recorder.end(session_id, reason)
             if rows:
-                await self.writer.add_group(rows)
-                self.rows_written.extend(rows)
-            return len(rows)
+                await self.writer.add(session_id, rows)
         except Exception as err:  # one bad session must not stop the others being written
             self.recorder.sessions.pop(session_id, None)  # never retried forever
             self.mark_failed(session_id, err)
             return 0
+        await self.flush_if_due()
+        return len(rows)
+
+    async def flush_if_due(self) -> None:
+        """Commit a shard if one is due; a failed write is logged and counted, its batch kept for the next."""
+        try:
+            await self.writer.flush_if_due()
+        except Exception as err:
+            self.flush_failed(err)
+        self.count_batches()
+
+    def flush_failed(self, err: BaseException) -> None:
+        log.error("writing %d ended sessions failed (kept for the next flush): %s: %s", len(self.writer.waiting),
+                  type(err).__name__, err, exc_info=(type(err), err, err.__traceback__))
+        self.stats["flush_failures"] += 1
+
+    def count_batches(self) -> None:
+        self.stats["sessions_waiting"] = len(self.writer.waiting)
+        self.stats["shards_written"] = len(self.writer.written)
 
     def mark_failed(self, session_id: str, err: BaseException) -> None:
         log.error("session %s could not be written: %s: %s", session_id, type(err).__name__, err,
@@ -153,12 +174,16 @@ class ServeState:
         self.stats["sessions_failed"] += 1
 
     async def end_all(self, reason: str) -> None:
+        """End every open session and commit everything waiting; a session whose rows the last write
+        could not store is marked failed by name."""
         for sid in list(self.recorder.sessions):
             await self.end_session(sid, reason)
         try:
             await self.writer.flush()
         except Exception as err:
-            self.mark_failed("(final flush)", err)
+            for sid in self.writer.unwritten:
+                self.mark_failed(sid, err)
+        self.count_batches()
 
 
 STATE = web.AppKey("arlctl_serve_state", ServeState)
@@ -428,6 +453,15 @@ async def end_session(request: web.Request) -> web.Response:
     if sid in state.failed:
         return web.json_response({"error": {"message": f"session {sid} could not be written: {state.failed[sid]}",
                                             "type": "server_error"}}, status=500)
+    try:
+        await state.writer.commit(sid)  # answered once committed (with every session waiting meanwhile)
+    except Exception as err:
+        state.flush_failed(err)
+        raise TransientError(f"session {sid} ended but its rows are not written yet ({type(err).__name__}: "
+                             f"{err}); they stay queued and the next flush retries them",
+                             hint="check the record directory; the server log has the error") from None
+    finally:
+        state.count_batches()
     return web.json_response({"session": sid, "rows": rows})
 
 
@@ -478,6 +512,16 @@ async def _reaper(state: ServeState) -> None:
             await _reap_once(state)
         except Exception:
             log.exception("idle reaper: a pass failed; the next one runs as usual")
+
+
+async def _flusher(state: ServeState) -> None:
+    """Commit a shard whenever one is due by time (a full batch is committed by the session that fills it)."""
+    while True:
+        await asyncio.sleep(max(0.05, min(1.0, state.writer.flush_seconds / 4)))
+        try:
+            await state.flush_if_due()
+        except Exception:
+            log.exception("flusher: a pass failed; the next one runs as usual")
 
 
 async def _reap_once(state: ServeState) -> None:
@@ -534,11 +578,12 @@ def build_app(state: ServeState) -> web.Application:
     app.router.add_get("/health", health)
 
     async def lifecycle(app: web.Application):
-        reaper = asyncio.ensure_future(_reaper(state))
+        tasks = [asyncio.ensure_future(_reaper(state)), asyncio.ensure_future(_flusher(state))]
         yield
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await state.end_all("server_stopped")
         state.executor.shutdown(wait=False)
 

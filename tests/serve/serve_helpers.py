@@ -26,7 +26,7 @@ from arlctl.serve.app import ServeState, build_app
 class Server:
     """The serve app on its own event loop in a thread (the openai client is synchronous)."""
 
-    def __init__(self, record_dir: str, idle_timeout_s: float = 600.0):
+    def __init__(self, record_dir: str, idle_timeout_s: float = 600.0, flush_seconds: float = 0.2):
         from aiohttp import web
 
         with socket.socket() as sock:
@@ -34,7 +34,8 @@ class Server:
             self.port = sock.getsockname()[1]
         self.loop = asyncio.new_event_loop()
         self.policy = HFPolicy(tiny_model_dir(), name="tiny", max_batch=8)
-        self.state = ServeState(self.policy, record_dir, idle_timeout_s=idle_timeout_s, default_max_tokens=24)
+        self.state = ServeState(self.policy, record_dir, idle_timeout_s=idle_timeout_s, default_max_tokens=24,
+                                flush_seconds=flush_seconds)
         self.runner = web.AppRunner(build_app(self.state), access_log=None)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -49,6 +50,15 @@ class Server:
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+    def end(self, session_id: str) -> int:
+        """End a session as POST /v1/sessions/{id}/end does: its rows committed before this returns."""
+        async def end() -> int:
+            rows = await self.state.end_session(session_id, "ended")
+            await self.state.writer.commit(session_id)
+            return rows
+
+        return self.call(end())
 
     def stop(self) -> None:
         self.call(self.runner.cleanup())  # ends and writes every open session

@@ -104,7 +104,7 @@ def test_prefix_matching_without_header_and_rewrite_starts_segment(server, tmp_p
     r3 = client(server, sid).chat.completions.with_raw_response.create(model="tiny", messages=rewritten,
                                                                       max_tokens=8)
     assert r3.headers[SESSION_HEADER] == sid
-    server.call(server.state.end_session(sid, "ended"))
+    server.end(sid)
     rows = sorted(read_rows(tmp_path / "rec"), key=lambda r: r["sample_index"])
     assert [r["sample_index"] for r in rows] == [0, 1]
     assert [r["num_turns"] for r in rows] == [2, 1]
@@ -123,7 +123,7 @@ def test_completions_with_token_ids_extend_the_record(server, tmp_path, referenc
     assert len(r1.choices[0].logprobs.token_logprobs) == len(ids1) == 6
     extra = tok(" and", add_special_tokens=False)["input_ids"]
     api.completions.create(model="tiny", prompt=prompt + ids1 + extra, max_tokens=5)
-    server.call(server.state.end_session("s-raw", "ended"))
+    server.end("s-raw")
     (row,) = read_rows(tmp_path / "rec")
     assert row["prompt_ids"] == prompt
     assert row["response_ids"][:6] == ids1 and row["response_ids"][6:6 + len(extra)] == extra

@@ -84,7 +84,8 @@ HI = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("hardened")
-    proc = RawServe(root / "rec", "--idle-timeout", str(IDLE_S), "--max-body-bytes", str(MAX_BODY))
+    proc = RawServe(root / "rec", "--idle-timeout", str(IDLE_S), "--max-body-bytes", str(MAX_BODY),
+                    "--flush-seconds", "0.5")
     yield proc
     proc.stop()
 
@@ -280,7 +281,7 @@ def test_sigterm_writes_every_open_session_before_exit(tmp_path):
     assert set(written) == {"s-term", "s-term-2"}
     for rows in written.values():
         assert [json.loads(r["final_state"])["ended_by"] for r in rows] == ["server_stopped"]
-    assert "wrote 2 rows in 2 shards" in proc.log()
+    assert "wrote 2 rows of 2 sessions in 1 shards" in proc.log()  # batched: one shard for both
 
 
 # ---- 5. the reaper cannot die (in process: a session poisoned past validation) ----
@@ -325,6 +326,9 @@ def test_an_unwritable_session_is_marked_and_the_reaper_goes_on(tmp_path):
     ("--idle-timeout", "-1", "--idle-timeout must be a positive number"),
     ("--max-body-bytes", "0", "--max-body-bytes must be in [1,"),
     ("--max-tokens", "0", "--max-tokens must be in [1,"),
+    ("--flush-sessions", "0", "--flush-sessions must be in [1,"),
+    ("--flush-seconds", "inf", "--flush-seconds must be a positive number"),
+    ("--flush-seconds", "0", "--flush-seconds must be a positive number"),
 ])
 def test_serve_refuses_bad_options_with_exit_2(tmp_path, option, value, message):
     result = subprocess.run([*ARLCTL, "serve", "--policy", "tiny", "--port", str(free_port()),
