@@ -22,7 +22,7 @@ from arlctl.cli.options import (
     WatchOpt,
     config_command,
 )
-from arlctl.errors import TerminalError, UsageError
+from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.io.layout import resolve_io
 from arlctl.render import plain, terminal_safe
 from arlctl.stages.agent_loop import RolloutConfig
@@ -158,7 +158,25 @@ def register(app: typer.Typer) -> None:
                           "as the template does (README \"Chat templates\").", markup=False)
         failed = result.failure(len(task_list), max_error_frac)
         if failed is not None:
+            dead = dead_fleet(pol)
+            if dead:  # the engines are down, not the tasks or the policy: a retryable exit (75)
+                raise TransientError(f"{failed[0]}; no inference server can serve: {dead}",
+                                     hint="start the engines (or `arlctl fleet add RUN URL`), then re-run")
             raise TerminalError(failed[0], hint=failed[1])
+
+
+def dead_fleet(pol: Any) -> str | None:
+    """The engines of an openai-backend fleet with no engine able to serve (none active or draining: all
+    ejected, joining or retired), each with its state and last error; None for any other policy or fleet."""
+    from arlctl.inference.fleet import Fleet
+
+    fleet = getattr(pol, "fleet", None)
+    if not isinstance(fleet, Fleet) or any(e.state in ("active", "draining") for e in fleet.engines):
+        return None
+    shown = [f"{e.url} ({e.state}" + (f": {e.last_error[:160]}" if e.last_error else "") + ")"
+             for e in fleet.engines[:8]]
+    more = len(fleet.engines) - len(shown)
+    return terminal_safe(", ".join(shown) + (f" and {more} more" if more > 0 else ""))
 
 
 # Scripted policies (`--policy oracle:...`): spec prefix -> module:function loading it as
