@@ -39,6 +39,17 @@ def terminal_safe(text: str) -> str:
     return "".join(c if c in "\n\t" or unicodedata.category(c) in PRINTABLE_CATEGORIES else _spell(c) for c in text)
 
 
+def one_line(text: str) -> str:
+    """`terminal_safe(text)` with newlines and tabs spelled out too: for a name or an id, which one line
+    must show whole (a planted newline in a shard name cannot start a line of its own)."""
+    return terminal_safe(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def plain_line(text: Any, style: str = "") -> Text:
+    """A name or an id as a Rich Text: `one_line`, never parsed as markup."""
+    return Text(one_line(str(text)), style=style)
+
+
 def _spell(char: str) -> str:
     code = ord(char)
     if code <= 0xFF:
@@ -69,10 +80,10 @@ def render(row: dict[str, Any], out: Console, cut: Callable[[Any], Any] = lambda
     version = f"v{row['policy_version']}"
     if row["policy_version_last"] != row["policy_version"]:
         version += f"..v{row['policy_version_last']}"
-    head = Text.assemble(
-        plain(row["trajectory_id"], "bold"), "  task ", plain(row["task_id"]), "  env ", plain(row["env"]),
-        "  group ", plain(str(row["group_id"])[:8]), f"#{row['sample_index']}  policy ", plain(version),
-        "\nstatus ", plain(row["status"], "bold"), " (", plain(row["finish_reason"]), ")",
+    head = Text.assemble(  # names and ids on one line each: a planted newline cannot forge a field
+        plain_line(row["trajectory_id"], "bold"), "  task ", plain_line(row["task_id"]), "  env ",
+        plain_line(row["env"]), "  group ", plain_line(str(row["group_id"])[:8]), f"#{row['sample_index']}  policy ",
+        plain_line(version), "\nstatus ", plain_line(row["status"], "bold"), " (", plain_line(row["finish_reason"]), ")",
         f"  turns {row['num_turns']}  tool calls {row['num_tool_calls']}  env errors {row['env_errors']}  "
         f"tokens {row['prompt_tokens']} prompt + {row['response_tokens']} response "
         f"({row['generated_tokens']} sampled)  time {row['wall_time_s']:.2f}s "
@@ -94,8 +105,8 @@ def render(row: dict[str, Any], out: Console, cut: Callable[[Any], Any] = lambda
     if row["final_state"] is not None:
         out.print(Panel(plain(cut(row["final_state"])), title="final state", title_align="left"))
     components = dict(row["reward_components"] or [])
-    out.print(Text.assemble("reward ", plain(row["reward"], "bold"), "  components ", plain(components),
-                            "  version ", plain(row["reward_version"])))
+    out.print(Text.assemble("reward ", plain_line(row["reward"], "bold"), "  components ", plain_line(components),
+                            "  version ", plain_line(row["reward_version"])))
     if row["reward_info"]:
         out.print(Panel(plain(cut(row["reward_info"])), title="reward info", title_align="left"))
     if row["advantage"] is not None:

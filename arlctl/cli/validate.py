@@ -8,9 +8,11 @@ from rich.markup import escape
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.errors import CorruptShardError, TerminalError, UsageError
 from arlctl.io.shards import quarantine, read_shard, scan
-from arlctl.render import terminal_safe
+from arlctl.render import one_line, terminal_safe
 
-HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows. --quarantine moves bad shards to `_quarantine/` beside them. Files whose names hold glob characters (* ? [ ] { }) are never read.
+MAX_STRAYS_SHOWN = 10  # stray names listed in the warning (all are counted)
+
+HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows. --quarantine moves bad shards to `_quarantine/` beside them. A file not named like a shard (ASCII letters, digits and . _ = + - only, ending .parquet: no glob character, space, newline or escape) is never read; such files are counted in one warning.
 
   arlctl validate RUN/rollouts RUN/rewarded
 
@@ -54,11 +56,14 @@ def register(app: typer.Typer) -> None:
             raise TerminalError(f"no shards found at {', '.join(paths)}", hint="shards are *.parquet files")
         if as_json:
             print_json(report)
-        for stray in report["strays"]:
-            console.print(f"[yellow]warning:[/] not a shard (ignored): {escape(terminal_safe(stray))}", soft_wrap=True)
+        if report["strays"]:  # one warning, every name on one line (a planted newline or escape spelled out)
+            shown = ", ".join(one_line(stray) for stray in report["strays"][:MAX_STRAYS_SHOWN])
+            more = len(report["strays"]) - MAX_STRAYS_SHOWN
+            console.print(f"[yellow]warning:[/] {len(report['strays'])} file(s) not read (not a shard name): "
+                          f"{escape(shown)}" + (f" and {more} more" if more > 0 else ""), soft_wrap=True)
         for entry in report["bad"]:
             moved = f" -> {entry['quarantined_to']}" if "quarantined_to" in entry else ""
-            console.print(f"[red]bad[/] {escape(terminal_safe(entry['shard']))}: {escape(terminal_safe(entry['error']))}{escape(moved)}", soft_wrap=True)
+            console.print(f"[red]bad[/] {escape(one_line(entry['shard']))}: {escape(terminal_safe(entry['error']))}{escape(moved)}", soft_wrap=True)
         console.print(f"{report['ok']} good shards ({report['rows']} rows), {len(report['bad'])} bad")
         if report["bad"]:
             raise typer.Exit(1)

@@ -162,9 +162,10 @@ def scan(url: str) -> DirListing:
 def is_shard_name(name: str) -> bool:
     """A name of the one shape shards have (SHARD_NAME): visible, `*.parquet`, ASCII letters, digits and
     `. _ = + -` only. Anything else -- a glob character DuckDB or fsspec would expand, a newline or other
-    control character, a space, non-ASCII -- is a stray: listed (and counted) for the caller to report,
-    never read."""
-    return SHARD_NAME.fullmatch(name) is not None and not is_hidden(name) and not GLOB_CHARS & set(name)
+    control character, a space, non-ASCII, `..` -- is a stray: listed (and counted) for the caller to
+    report, never read."""
+    return (SHARD_NAME.fullmatch(name) is not None and not is_hidden(name) and not GLOB_CHARS & set(name)
+            and ".." not in name)
 
 
 def list_shards(*urls: str) -> list[str]:
