@@ -38,7 +38,7 @@ from arlctl.io.shards import read_shard, scan
 
 # The audit reads checkpoints/, policy/ and the filter manifests itself instead of through arlctl/io/ledger.py
 # on purpose: it is the checker of the ledger, so a bug there must not hide from it. Only the names are shared.
-NAMED_RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where")
+NAMED_RULES = ("invalid_values", "completeness", "untrusted", "group_integrity", "zero_variance", "duplicate", "staleness", "where")
 
 
 @dataclass

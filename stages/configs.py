@@ -237,6 +237,9 @@ class FilterConfig:
     seed: int = setting(0, "Seed of the --keep-uniform choice.")
     vocab_size: int | None = setting(None, "Token ids must be below this (the policy's vocabulary size; default: "
                                            "only negative ids are invalid).")
+    keep_untrusted: bool = setting(False, "Keep rows whose reward_info says trusted: false (a verdict the policy's "
+                                          "code could have forged, e.g. swe rows graded in-process; see `arlctl swe "
+                                          "prepare`). Default: the untrusted rule drops them.")
 
     def check(self) -> None:
         from arlctl.rl.advantages import ADVANTAGE_MODES  # torch: import late

@@ -12,6 +12,11 @@ recorded with its rule name so an audit can account for every trajectory:
                       step_rewards that is not a list of finite numbers or nulls, one per turn)
   1. completeness     status not in --keep-status (default: ok), or no reward yet (in the turn modes also a
                       step the judge could not grade: its reward_info step_rewards entry is null)
+  1b. untrusted      rows whose reward_info says trusted: false (the verdict was computed where the
+                      policy's code could reach it: the swe grader's in-process mode; also any part of a
+                      weighted sum that says so), and rows whose reward_info is not JSON at all (fail
+                      closed); --keep-untrusted keeps them. A reward without a `trusted` key (math,
+                      judges, ...) is not touched by this rule
   2. group_integrity  groups whose sample indices are not 0..n-1 in the input, or with fewer than
                       --min-group-size rows left after completeness (no baseline): whole groups only
   3. zero_variance    groups whose rewards are all equal (no learning signal; in the turn modes: whose
@@ -115,7 +120,7 @@ from arlctl.stages.turn_credit import (
 )
 from arlctl.turn_rows import CONTINUED, first_turn_indices
 
-RULES = ("invalid_values", "completeness", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
+RULES = ("invalid_values", "completeness", "untrusted", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
 
 
 @dataclass
@@ -235,6 +240,10 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
           or (steps and steps[i] is not None and None in steps[i])],
          "completeness")
 
+    # 1b. untrusted: a verdict the policy's own code could have forged is no training signal.
+    if not cfg.keep_untrusted:
+        drop(untrusted_rows(table), "untrusted")
+
     # 2. group integrity: the input must hold each group whole, and enough of it must survive.
     # Exact duplicates (same trajectory_id) are left to rule 4 rather than condemning their group here.
     sample_index = table.column("sample_index").to_pylist()
@@ -286,6 +295,33 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
     return RuleResult(keep=keep, weight=weight, drops=drops, counts=counts, invalid=invalid)
 
 
+def untrusted_rows(table: pa.Table) -> list[int]:
+    """Rows whose reward_info says `trusted: false`, at its top level or in any part of a weighted sum
+    (arlctl/rewards/composite.py: {"parts": {label: info}}), or is text that is not JSON (fail closed).
+    A null reward_info, or one without the key, is not untrusted: only the swe grader writes the key."""
+    out = []
+    for i, text in enumerate(table.column("reward_info").to_pylist()):
+        if not text:
+            continue
+        try:
+            info = json.loads(text)
+        except (ValueError, RecursionError):
+            out.append(i)
+            continue
+        stack = [info]
+        while stack:
+            node = stack.pop()
+            if not isinstance(node, dict):
+                continue
+            if node.get("trusted") is False:
+                out.append(i)
+                break
+            parts = node.get("parts")
+            if isinstance(parts, dict):
+                stack.extend(parts.values())
+    return out
+
+
 def _dedupe_actions(table, cfg, keep, groups, members, first, sample_index, invalid, drop) -> None:
     """Rule 4b: a trajectory whose tool-call n-grams (over all its rows, in turn order) are within
     --dedupe-threshold Jaccard of an earlier kept trajectory of its group is dropped whole."""
@@ -317,7 +353,9 @@ def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
     con = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
     try:
         con.register("trajectories", rows)
-        hit = con.execute(f"select __row from trajectories where ({predicate})").fetchnumpy()["__row"]
+        # The predicate is parsed as one expression over the registered rows (DuckDB's relational filter),
+        # never spliced into a statement, so it cannot end the query and start another.
+        hit = con.table("trajectories").filter(predicate).project("__row").fetchnumpy()["__row"]
     except duckdb.Error as err:
         raise UsageError(f"--where predicate failed: {str(err).splitlines()[0]}",
                          hint="it is a SQL boolean expression over the trajectory columns, e.g. \"num_turns > 1\"") from None

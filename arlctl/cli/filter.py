@@ -31,7 +31,7 @@ MAX_INVALID_SHOWN = 10  # invalid rows named on stderr per invocation; --json ca
 
 HELP = """Filter rewarded trajectories and pack them into batch shards, one optimizer step each.
 
-Rules, in order, each reported with its count: invalid_values, completeness, group_integrity, zero_variance, duplicate, staleness, where, balance. invalid_values drops rows holding values no stage may trust (token ids outside [0, --vocab-size), masks outside {0, 1}, non-finite log-probs or rewards, turn offsets outside the row, absurd versions), each named with its shard on stderr. Input shards already consumed (named in a batch's checked lineage) are skipped; lineage is compared by hash, never executed. Every trajectory's outcome is recorded in METRICS/filter-<invocation>.parquet.
+Rules, in order, each reported with its count: invalid_values, completeness, untrusted, group_integrity, zero_variance, duplicate, staleness, where, balance. invalid_values drops rows holding values no stage may trust (token ids outside [0, --vocab-size), masks outside {0, 1}, non-finite log-probs or rewards, turn offsets outside the row, absurd versions), each named with its shard on stderr. untrusted drops rows whose reward_info says trusted: false (a verdict the policy's code could have forged: swe rows graded in-process; `arlctl swe prepare` gives rows the probe form trusted grading needs); --keep-untrusted keeps them. Rewards that do not say (math, judges) are not touched. Input shards already consumed (named in a batch's checked lineage) are skipped; lineage is compared by hash, never executed. Every trajectory's outcome is recorded in METRICS/filter-<invocation>.parquet.
 
   arlctl filter --run RUN
 
