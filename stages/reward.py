@@ -52,6 +52,7 @@ from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, quarantine, quarantine_rows, read_shard, scan, write_shard
 from arlctl.rewards.cache import RewardCache
 from arlctl.rewards.scoring import (
+    Interrupted,
     Item,
     ScoreContext,
     Scored,
@@ -80,6 +81,7 @@ class RewardSummary:
     seconds: float = 0.0
     cache_hits: int = 0  # (row, reward component) lookups answered by the reward cache
     cache_misses: int = 0  # ... and those scored (both 0 without a cache)
+    interrupted: str | None = None  # a stop (SIGTERM) came during a shard: which one, left pending
 
     def add_causes(self, causes: dict[str, int]) -> None:
         for cause, count in causes.items():
@@ -91,7 +93,7 @@ class RewardSummary:
                 "mean_reward": (self.reward_sum / self.rewarded) if self.rewarded else None,
                 "corrupt": self.corrupt, "row_errors": self.row_errors, "error_causes": self.error_causes,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
-                "seconds": round(self.seconds, 3)}
+                "interrupted": self.interrupted, "seconds": round(self.seconds, 3)}
 
     @property
     def rewarded(self) -> int:
@@ -110,6 +112,7 @@ class RewardSummary:
         self.corrupt += other.corrupt
         self.row_errors += other.row_errors
         self.add_causes(other.error_causes)
+        self.interrupted = self.interrupted or other.interrupted
 
     def summary_line(self, version: str, out: str, dry_run: bool = False, cache: bool = False) -> str:
         mean = "-" if not self.rewarded else f"{self.reward_sum / self.rewarded:.4f}"
@@ -118,7 +121,8 @@ class RewardSummary:
                 f"{'would write' if dry_run else 'wrote'} {shards} shards to {out}; skipped {self.skipped_consumed} "
                 "already consumed" + (f"; reward cache: {self.cache_hits} hits, {self.cache_misses} misses"
                                       if cache else "")
-                + (f"; {len(self.row_errors)} rows got no reward (see above)" if self.row_errors else ""))
+                + (f"; {len(self.row_errors)} rows got no reward (see above)" if self.row_errors else "")
+                + (f"; {self.interrupted}" if self.interrupted else ""))
 
 
 RewardResult = RewardSummary  # the stage's result type, under the name every stage uses
@@ -364,7 +368,8 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
 
     worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n
     machines never take the same shard. stop: anything with is_set(); checked between shards, and within
-    one before each row: a shard stopped half-way is not written (Interrupted, exit 75; it stays pending).
+    one before each row: a shard stopped half-way is not written (it stays pending) and the summary's
+    `interrupted` names it (the command then exits 75 once it has reported what was written).
     cache: rows it holds are not scored again; each shard's new entries are appended to it (one file)
     before the shard is written, and also when its scoring stops on a TransientError (not with dry_run).
     """
@@ -399,6 +404,9 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         summary.add_causes({"invalid_row": len(set_aside)} if set_aside else {})
         try:
             rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong, stop=stop)
+        except Interrupted:  # stopped half-way: this shard is not written; what was done is reported
+            summary.interrupted = f"stopped by a signal while scoring {basename(shard)}: not written, it stays pending"
+            break
         finally:  # what was paid for is kept, also when a TransientError leaves the shard pending
             if cache is not None and not dry_run:
                 cache.flush()

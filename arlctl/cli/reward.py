@@ -23,7 +23,7 @@ from arlctl.cli.options import (
     config_command,
 )
 from arlctl.cli.rollout import parse_env_options
-from arlctl.errors import TerminalError, UsageError
+from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.io.layout import metrics_dir_for, resolve_io
 from arlctl.render import plain
 from arlctl.stages.configs import RewardConfig
@@ -113,6 +113,8 @@ def register(app: typer.Typer) -> None:
         console.print(plain(total.summary_line(fn.version, out, dry_run, cache=cache is not None)), soft_wrap=True)
         for line in total.corrupt:
             console.print(f"[yellow]quarantined[/] {escape(line)}", soft_wrap=True)
+        if total.interrupted:  # a shard stopped half-way by SIGTERM: reported above, left pending
+            raise TransientError(total.interrupted, hint="re-run to reward it")
         if total.rows and not total.rewarded:  # every row failed: a broken grader, not a 0 for the policy
             raise TerminalError(f"no row got a reward: all {total.rows} failed; first: {total.row_errors[0]}",
                                 hint="run `arlctl doctor`; the rows are written with reward_info.error")

@@ -261,7 +261,8 @@ def test_sigterm_during_a_drip_stops_at_once_and_writes_no_half_shard(hostile, r
             proc.wait()
     text = flat(output.decode())
     assert proc.returncode == 75, text
-    assert "stopped by a signal while scoring" in text and "Traceback" not in text
+    assert "stopped by a signal while scoring part-2.parquet: not written, it stays pending" in text
+    assert "rewarded 4 rows (hostile-1), mean reward 1.0000; wrote 1 shards" in text and "Traceback" not in text
     assert [Path(p).name for p in list_shards(str(out))] == ["part-1.parquet"]
     assert read_shard(str(out / "part-1.parquet")).column("reward").to_pylist() == [1.0] * 4
     leftovers = [p.name for p in out.rglob("*") if p.is_file() and "part-2" in p.name]
@@ -285,18 +286,18 @@ stops_on_third.version = "stops-1"
 
 def test_a_stop_mid_shard_stops_at_the_next_row_and_writes_nothing_of_it(tmp_path):
     """The stop flag is looked at before every row, not only between shards: of a 16-row shard, 3 rows are
-    scored, Interrupted (exit 75) is raised, and no output shard is written."""
+    scored, the shard is not written, and the summary names it as interrupted (the CLI then exits 75)."""
     from arlctl.envs.registry import get_reward
-    from arlctl.rewards.scoring import Interrupted
     from arlctl.stages.reward import reward_dir
 
     CALLS.clear()
     STOP.clear()
-    write_shard(rows_to_table([row(i) for i in range(16)]), str(tmp_path / "in" / "part-1.parquet"),
-                Lineage(stage="rollout"))
-    with pytest.raises(Interrupted, match="stopped by a signal while scoring") as err:
-        reward_dir(str(tmp_path / "in"), str(tmp_path / "out"), get_reward(f"{__name__}:stops_on_third"),
-                   concurrency=4, stop=STOP)
-    assert err.value.exit_code == 75
+    for shard in (1, 2):
+        write_shard(rows_to_table([row(i) for i in range(16)]), str(tmp_path / "in" / f"part-{shard}.parquet"),
+                    Lineage(stage="rollout"))
+    summary = reward_dir(str(tmp_path / "in"), str(tmp_path / "out"), get_reward(f"{__name__}:stops_on_third"),
+                         concurrency=4, stop=STOP)
     assert len(CALLS) == 3
+    assert summary.interrupted == "stopped by a signal while scoring part-1.parquet: not written, it stays pending"
+    assert summary.written == [] and summary.inputs_seen == 1
     assert list_shards(str(tmp_path / "out")) == []
