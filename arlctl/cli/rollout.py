@@ -24,7 +24,7 @@ from arlctl.cli.options import (
 )
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.io.layout import resolve_io
-from arlctl.render import plain, terminal_safe
+from arlctl.render import one_line, plain, terminal_safe
 from arlctl.stages.agent_loop import RolloutConfig
 from arlctl.stages.rollout_job import EnvPicker, parse_env_options  # noqa: F401  (cli/reward imports it from here)
 
@@ -176,7 +176,7 @@ def dead_fleet(pol: Any) -> str | None:
     shown = [f"{e.url} ({e.state}" + (f": {e.last_error[:160]}" if e.last_error else "") + ")"
              for e in fleet.engines[:8]]
     more = len(fleet.engines) - len(shown)
-    return terminal_safe(", ".join(shown) + (f" and {more} more" if more > 0 else ""))
+    return one_line(", ".join(shown) + (f" and {more} more" if more > 0 else ""))
 
 
 # Scripted policies (`--policy oracle:...`): spec prefix -> module:function loading it as
