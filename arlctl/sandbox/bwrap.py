@@ -265,6 +265,11 @@ class BwrapSandbox:
         if _bwrap_help_has("--mqueue"):
             argv += ["--mqueue", "/dev/mqueue"]
         argv += ["--remount-ro", "/dev"]
+        # /proc read-only: the sandbox uid is the root uid of bwrap's outer user namespace, which owns the
+        # IPC namespace, so /proc/sys/kernel/{shm*,msg*,sem} and /proc/sys/fs/mqueue/* (limits every later
+        # lease would inherit) would otherwise be writable from inside; bwrap covers /proc/sys only when
+        # the directory itself is writable, which it never is.
+        argv += ["--remount-ro", "/proc"]
         argv += ["--bind", str(self._ws), self.workdir, "--bind", str(self._tmp), "/tmp"]
         argv += ["--remount-ro", "/", "--chdir", self.workdir]
         env = {

@@ -505,12 +505,15 @@ class DockerSandbox:
         argv = [self.python, "-I", "-S", "-c", _RESET_SRC, self.workdir, "/tmp"]
         reply = await self._call(argv, 120, None, 1 << 16)
         report = _reset_report(reply)
-        if report.get("clean"):  # and the exec server itself: limits, priority, mount roots as at start
-            report = await self._verify_server()
-        if not report.get("clean"):
+        # And the exec server itself (limits, priority, mount roots as at start), asked even when the
+        # reset already failed, so the cause names the drift too.
+        server = await self._verify_server()
+        if not (report.get("clean") is True and server.get("clean") is True):
             self._taint("reset_unclean")
-            left = ", ".join(report.get("left") or []) or to_result(reply, 0, 0).stderr.strip()[-300:]
-            raise SandboxError(f"docker sandbox is not provably clean between leases: {left}")
+            causes = [str(x) for x in (report.get("left") or []) + (server.get("left") or [])]
+            if not report:  # the reset printed no verdict: its stderr says why
+                causes.insert(0, to_result(reply, 0, 0).stderr.strip()[-300:] or "the reset gave no verdict")
+            raise SandboxError(f"docker sandbox is not provably clean between leases: {', '.join(causes)}")
         reply = await self._call(
             ["tar", "-x", "-f", "-", "-C", self.workdir], 120, self._snapshot_tar, 1 << 16
         )
