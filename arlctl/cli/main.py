@@ -30,7 +30,7 @@ app = typer.Typer(
 )
 
 # Each module defines register(app). Listed in the order `--help` shows them.
-COMMAND_MODULES = ["rollout", "reward", "filter", "train", "sync", "up", "status", "query", "inspect", "show", "validate", "model", "serve", "reward_serve", "eval", "report", "export", "plan", "fleet", "sandbox", "envs", "doctor"]
+COMMAND_MODULES = ["rollout", "reward", "filter", "train", "sync", "up", "status", "query", "inspect", "show", "validate", "model", "serve", "reward_serve", "eval", "report", "export", "plan", "fleet", "sandbox", "swe", "envs", "doctor"]
 
 
 def _version(value: bool) -> None:

@@ -33,7 +33,7 @@ def test_self_check_every_task(bwrap):
 def test_gold_info_and_registered_reward(bwrap):
     task = load_suite_task("stockroom-001")
     reward = get_reward("swe")
-    assert reward.version == REWARD_VERSION == "swe-2"
+    assert reward.version == REWARD_VERSION == "swe-3"
     value, components, info = run(reward.score(task["patch"], task, ""))
     assert value == 1.0
     assert components == {"f2p": 1.0, "p2p": 1.0, "tests_passed": 1.0}

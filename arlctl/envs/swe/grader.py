@@ -31,6 +31,11 @@
    (swebench_logs.py), and reward_info.log_disagrees flags a log that says otherwise. The log is never
    the authority: the tested process writes it, and code under test can print "PASSED <id>" lines.
 
+reward_info.trusted says where the verdict was computed: True on the host, out of the policy's reach (probe
+mode, whatever the run did, and a 0 given without running the diff: scan tamper, a truncated diff); False
+for every in-process verdict, with untrusted_cause (records_authentic keeps whether its records were
+genuine). `arlctl filter` drops trusted: false rows unless --keep-untrusted.
+
 reward = 1 only if every FAIL_TO_PASS and PASS_TO_PASS id passed (in probe mode: recorded exactly its
 expected checks; in-process: setup, call and teardown passed, and pytest exited 0, or 1 because some
 other test failed, which SWE-bench ignores too) and nothing was tampered with; ids missing from the
@@ -70,7 +75,9 @@ from arlctl.errors import UsageError
 from arlctl.sandbox.base import Sandbox
 from arlctl.sandbox.scrub import scrub_log
 
-REWARD_VERSION = "swe-2"  # 2: pytest exit code 1 (a test outside both lists failed) scores, as in SWE-bench
+# 2: pytest exit code 1 (a test outside both lists failed) scores, as in SWE-bench; 3: reward_info.trusted says
+# only where the verdict was computed (True: on the host, out of the policy's reach; False: in-process)
+REWARD_VERSION = "swe-3"
 HARNESS_DIR = Path(__file__).with_name("harness")
 # snapshot directory (+ the task's backend options, image tasks only) -> a started sandbox
 SandboxFactory = Callable[..., Awaitable[Sandbox]]
@@ -226,13 +233,14 @@ def score_probes(task: dict[str, Any], report: dict[str, Any]) -> tuple[float, d
     info: dict[str, Any] = {"mode": "probe", "apply_ok": report.get("apply_ok", False),
                             "exit_code": report.get("exit_code"), "timed_out": report.get("timed_out", False),
                             "harness_tamper": [], **details}
-    trusted = bool(info["apply_ok"]) and not report.get("harness_error")
+    ran = bool(info["apply_ok"]) and not report.get("harness_error")
     passed = sorted(i for i in f2p + p2p if outcomes.get(i) == "passed")
     failed = sorted(i for i in f2p + p2p if outcomes.get(i) != "passed")
-    f2p_frac = sum(outcomes.get(i) == "passed" for i in f2p) / max(len(f2p), 1) if trusted else 0.0
-    p2p_frac = sum(outcomes.get(i) == "passed" for i in p2p) / max(len(p2p), 1) if trusted else 0.0
-    reward = 1.0 if trusted and not failed and f2p else 0.0
-    info.update(trusted=trusted, passed=passed, failed=failed,
+    f2p_frac = sum(outcomes.get(i) == "passed" for i in f2p) / max(len(f2p), 1) if ran else 0.0
+    p2p_frac = sum(outcomes.get(i) == "passed" for i in p2p) / max(len(p2p), 1) if ran else 0.0
+    reward = 1.0 if ran and not failed and f2p else 0.0
+    # Trusted whatever the run did: the verdict (a 0 for a diff that does not apply too) is computed here.
+    info.update(trusted=True, passed=passed, failed=failed,
                 missing=sorted(i for i in f2p + p2p if outcomes.get(i) == "missing"), outcomes=outcomes)
     return reward, {"f2p": f2p_frac, "p2p": p2p_frac, "tests_passed": reward}, info
 
@@ -253,9 +261,10 @@ def _swebench_verdicts(task: dict[str, Any], report: dict[str, Any], key: bytes,
 
 def _not_run(task: dict[str, Any], started: float, tamper: list, kept: list, why: str,
              **extra: Any) -> tuple[float, dict[str, float], dict[str, Any]]:
-    """A 0 for a diff that is not run at all (flagged by the scan, or cut short), with the reason."""
+    """A 0 for a diff that is not run at all (flagged by the scan, or cut short), with the reason. Trusted in
+    either mode: the verdict is the host's, and none of the policy's code ran."""
     f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
-    info = {"mode": grading_mode(task), "trusted": False, "apply_ok": False, "passed": [],
+    info = {"mode": grading_mode(task), "trusted": True, "apply_ok": False, "passed": [],
             "failed": sorted(f2p + p2p), "missing": [], "harness_tamper": [], "tamper": tamper, "kept_files": kept,
             "results_error": why, "grade_seconds": round(time.monotonic() - started, 3),
             "reward_version": REWARD_VERSION, **extra}
