@@ -446,10 +446,13 @@ async def _generate(state: ServeState, session: Session, ids: list[int], samplin
 async def end_session(request: web.Request) -> web.Response:
     state: ServeState = request.app[STATE]
     sid = check_session_id(request.match_info["sid"])
-    if sid not in state.recorder.sessions:
+    if sid not in state.recorder.sessions and not state.writer.pending(sid):
         return _error(404, f"no open session {sid!r}")
-    async with state.lock(sid):
-        rows = await state.end_session(sid, "ended")
+    if sid in state.recorder.sessions:
+        async with state.lock(sid):
+            rows = await state.end_session(sid, "ended")
+    else:  # ended, its rows still queued (a retry after a 503, or an idle end racing this one)
+        rows = state.writer.rows_of(sid)
     if sid in state.failed:
         return web.json_response({"error": {"message": f"session {sid} could not be written: {state.failed[sid]}",
                                             "type": "server_error"}}, status=500)

@@ -72,6 +72,9 @@ class SessionBatcher:
     def pending(self, session: str) -> bool:
         return any(w.session == session for w in self.waiting)
 
+    def rows_of(self, session: str) -> int:
+        return sum(w.table.num_rows for w in self.waiting if w.session == session)
+
     @property
     def unwritten(self) -> list[str]:
         return [w.session for w in self.waiting]

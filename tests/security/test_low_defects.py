@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -345,3 +346,34 @@ def test_serve_commits_idle_sessions_by_count_and_by_time(tmp_path):
     assert sorted(counts) == sids and set(counts.values()) == {1}
     assert health["sessions_waiting"] == 0 and 2 <= health["shards_written"] <= len(sids)
     assert len(list(record.glob("*.parquet"))) == health["shards_written"]
+
+
+def _post_end(url: str, sid: str) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{url}/v1/sessions/{sid}/end", data=b"{}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_an_explicit_end_whose_write_fails_is_a_503_and_its_retry_writes_it_once(tmp_path):
+    """The record directory is a plain file: the write fails. The end is answered 503 (not "written"), the
+    rows stay queued; once the path is usable, the client's retry commits them, and shutdown adds no copy."""
+    record = tmp_path / "record"
+    record.write_text("in the way")
+    served = ServeProcess(record, "--flush-seconds", "600", replies=(REPLY,))
+    try:
+        _chat(served.url, "s-retry")
+        status, body = _post_end(served.url, "s-retry")
+        assert status == 503 and "not written yet" in body["error"]["message"], body
+        assert served.health()["sessions_waiting"] == 1 and served.health()["flush_failures"] >= 1
+        record.unlink()
+        status, body = _post_end(served.url, "s-retry")
+        assert (status, body) == (200, {"session": "s-retry", "rows": 1})
+        assert _sessions(record) == {"s-retry": 1}
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(120) == 0, served.log()[-3000:]
+    finally:
+        served.stop()
+    assert _sessions(record) == {"s-retry": 1} and len(list(record.glob("*.parquet"))) == 1
