@@ -2,7 +2,7 @@
 
 One sandbox is one long-lived `bwrap` process holding fresh user, pid, mount, network, ipc, uts and
 cgroup namespaces, with every capability dropped, an empty environment, and the host system (/usr and a
-few named /etc files) read-only. Inside it runs a tiny exec server (`_sbxd.py`, stdlib only) that spawns
+few named /etc files) and /proc read-only (so no lease can set the namespace's IPC limits in /proc/sys). Inside it runs a tiny exec server (`_sbxd.py`, stdlib only) that spawns
 each command; after every command it SIGKILLs everything else in the pid namespace, so a daemonised
 grandchild never outlives its exec. Keeping bwrap alive between execs is what makes an exec cost a
 fork rather than a namespace setup (~1 ms instead of ~30 ms).

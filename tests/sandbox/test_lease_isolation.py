@@ -140,9 +140,11 @@ libc = ctypes.CDLL(None, use_errno=True)
 MACHINE = os.uname().machine
 NR = {
     "x86_64": {"ioprio_set": 251, "sched_setattr": 314, "process_vm_readv": 310, "process_vm_writev": 311,
-               "migrate_pages": 256, "move_pages": 279, "setpriority": 141, "prlimit64": 302},
+               "migrate_pages": 256, "move_pages": 279, "setpriority": 141, "prlimit64": 302, "kcmp": 312,
+               "perf_event_open": 298},
     "aarch64": {"ioprio_set": 30, "sched_setattr": 274, "process_vm_readv": 270, "process_vm_writev": 271,
-                "migrate_pages": 238, "move_pages": 239, "setpriority": 140, "prlimit64": 261},
+                "migrate_pages": 238, "move_pages": 239, "setpriority": 140, "prlimit64": 261, "kcmp": 272,
+                "perf_event_open": 241},
 }[MACHINE]
 NR.update(pidfd_open=434, pidfd_getfd=438, pidfd_send_signal=424)  # the same on every architecture
 L = ctypes.c_long
@@ -223,6 +225,12 @@ if group == "ptrace":
     pidfd = sysc("pidfd_open", 1, 0)()
     for fd in (0, 1, 2):
         rec(f"pidfd_getfd 1 fd {fd}", sysc("pidfd_getfd", pidfd, fd, 0))
+    page = Iov(ctypes.cast(ctypes.create_string_buffer(4096), ctypes.c_void_p), 4096)
+    rec("process_madvise 1", raw(440, pidfd, ctypes.byref(page), 1, 20, 0))  # MADV_COLD
+    rec("kcmp 1 files", sysc("kcmp", 1, os.getpid(), 0, 0, 0))  # KCMP_FILE
+    attr = (ctypes.c_uint32 * 32)(1, 128)  # PERF_TYPE_SOFTWARE, size 128, config 0 (cpu clock)
+    rec("perf_event_open 1", sysc("perf_event_open", ctypes.byref(attr), 1, -1, -1, 0))
+    rec("read /proc/1/pagemap", lambda: open("/proc/1/pagemap", "rb").read(8))
 elif group == "procfs":
     rec("open /proc/1/mem rw", lambda: os.close(os.open("/proc/1/mem", os.O_RDWR)))
     rec("read /proc/1/environ", lambda: open("/proc/1/environ", "rb").read())
@@ -439,7 +447,7 @@ def _attack_group(group: str, marker: str = "x"):
     "group", ["ptrace", "procfs", "prlimit", "priority", "scheduler", "tools", "compat", "namespaces"]
 )
 def test_lease_code_cannot_touch_the_exec_server(backend, pool_factory, group):
-    """ptrace, process_vm_*, pidfd_getfd, /proc/1 writes and reads of its memory, descriptors and
+    """ptrace, process_vm_*, pidfd_getfd, process_madvise, kcmp, perf_event_open, /proc/1 writes and reads of its memory, descriptors and
     environment, prlimit of every resource, renice and I/O priority (by pid, group and user), the
     scheduler, affinity and page migration, through the syscalls, the util-linux tools and the x32 and
     i386 numberings; and what would stay in the sandbox's namespaces (hostname, IPC sysctls, mounts,
