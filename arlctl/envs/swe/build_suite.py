@@ -13,7 +13,7 @@ sandbox never holds an expected value. The build checks that probe grading agree
 on the buggy and on the gold code, test by test.
 
     python -m arlctl.envs.swe.build_suite            # rebuild all
-    python -m arlctl.envs.swe.build_suite --check    # verify without writing
+    python -m arlctl.envs.swe.build_suite --check    # verify, and that suite/ is what the specs build
 """
 
 from __future__ import annotations
@@ -272,6 +272,24 @@ def build_task(spec: dict, out_dir: Path | None) -> dict:
     return task
 
 
+def stale(task: dict, spec: dict, suite_dir: Path = SUITE_DIR) -> str:
+    """Why suite/<id>/ differs from what the spec builds ('' when it is up to date)."""
+    target = suite_dir / task["instance_id"]
+    try:
+        written = json.loads((target / "task.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return f"task.json unreadable: {err}"
+    changed = sorted(k for k in set(task) | set(written) if task.get(k) != written.get(k))
+    if changed:
+        return f"task.json fields differ: {changed}"
+    repo = target / "repo"
+    on_disk = {str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()}
+    if on_disk != set(spec["files"]):
+        return f"repo files differ: {sorted(on_disk ^ set(spec['files']))}"
+    edited = sorted(p for p, c in spec["files"].items() if (repo / p).read_text(encoding="utf-8") != c)
+    return f"repo files differ: {edited}" if edited else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="verify only, write nothing")
@@ -287,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             task = build_task(spec, None if args.check else SUITE_DIR)
+            why = stale(task, spec) if args.check else ""
+            if why:  # the spec builds, but the committed suite is not what it builds
+                raise ValueError(f"suite/{task['instance_id']} is out of date ({why}); rebuild it")
             print(f"ok   {task['instance_id']}: {len(task['FAIL_TO_PASS'])} f2p, {len(task['PASS_TO_PASS'])} p2p")
         except Exception as exc:  # report every broken task, not just the first
             failures += 1
