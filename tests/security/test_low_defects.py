@@ -10,6 +10,9 @@
 5. A fleet of engines that are all dead makes `arlctl rollout` exit 75 naming them, with no row marked ok.
 6. `arlctl serve` commits ended sessions in batches (one shard per --flush-sessions sessions, or by time),
    each session exactly once, an explicit end durable when answered, and SIGTERM writes every session.
+
+Classes 5 and 6 start real servers and rollouts (30-40 s each on a busy machine): they are marked slow
+(`pytest -m slow tests/security/test_low_defects.py`).
 """
 
 from __future__ import annotations
@@ -266,6 +269,7 @@ def test_a_good_recipe_still_checks(tmp_path):
 
 # ---------------------------------------------------------------------- 5. an all-dead fleet is transient
 
+@pytest.mark.slow  # real processes: 30-40 s each on a busy machine
 def test_an_all_dead_fleet_exits_75_naming_the_engines_and_writes_no_ok_row(tmp_path):
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]  # nothing listens there
     out = tmp_path / "rollouts"
@@ -300,6 +304,7 @@ def _sessions(record: Path) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow  # real processes: 30-40 s each on a busy machine
 def test_serve_batches_sessions_into_shards_and_sigterm_writes_every_one(tmp_path):
     n, batch, ended = 200, 64, 10
     record = tmp_path / "record"
@@ -328,6 +333,7 @@ def test_serve_batches_sessions_into_shards_and_sigterm_writes_every_one(tmp_pat
     assert f"wrote {n} rows of {n} sessions in {len(shards)} shards" in served.log()
 
 
+@pytest.mark.slow  # real processes: 30-40 s each on a busy machine
 def test_serve_commits_idle_sessions_by_count_and_by_time(tmp_path):
     record = tmp_path / "record"
     served = ServeProcess(record, "--flush-sessions", "4", "--flush-seconds", "1", "--idle-timeout", "0.5",
@@ -357,6 +363,7 @@ def _post_end(url: str, sid: str) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+@pytest.mark.slow  # real processes: 30-40 s each on a busy machine
 def test_an_explicit_end_whose_write_fails_is_a_503_and_its_retry_writes_it_once(tmp_path):
     """The record directory is a plain file: the write fails. The end is answered 503 (not "written"), the
     rows stay queued; once the path is usable, the client's retry commits them, and shutdown adds no copy."""
