@@ -95,10 +95,54 @@ def test_keeps_source_and_flags_everything_else():
 
 
 def test_plain_unified_diff_and_paths():
-    sections = split_sections(PLAIN)
+    prefixed = PLAIN.replace("--- pkg/", "--- a/pkg/").replace("+++ pkg/", "+++ b/pkg/")
+    sections = split_sections(prefixed)
     assert [(s.old_path, s.new_path) for s in sections] == [("pkg/mod.py", "pkg/mod.py")]
-    assert filter_diff(PLAIN).diff == PLAIN
+    assert filter_diff(prefixed).diff == prefixed
     assert paths_in(SRC + NEW_TEST) == ["pkg/mod.py", "tests/test_mod.py"]
+
+
+def test_headers_and_git_must_name_the_same_paths():
+    """Without a/ b/ prefixes git strips one component (it would patch mod.py, not pkg/mod.py): the
+    section's paths are what git touches or the diff is refused whole, never re-read."""
+    refused = filter_diff(PLAIN)
+    assert refused.diff == "" and refused.kept == [] and refused.tamper == [{"path": "mod.py",
+                                                                          "reason": "undeclared_path"}]
+
+
+NEW_FILE = "--- /dev/null\n+++ b/pkg/new.py\n@@ -0,0 +1 @@\n+x = 1\n"
+
+
+@pytest.mark.parametrize(("how", "diff", "reason"), [
+    ("both_sides_dev_null", NEW_FILE.replace("b/pkg/new.py", "/dev/null"), "undeclared_path"),
+    ("prefixed_dev_null", NEW_FILE.replace("/dev/null", "a/dev/null").replace("b/pkg/new.py", "b/dev/null"),
+     "dev_null_path"),
+    ("git_header_dev_null", "diff --git a/dev/null b/dev/null\nnew file mode 100644\n" +
+     NEW_FILE.replace("b/pkg/new.py", "b/dev/null"), "dev_null_path"),
+    ("empty_file_dev_null", "diff --git a/dev/null b/dev/null\nnew file mode 100644\nindex 0000000..e69de29\n",
+     "dev_null_path"),
+    ("quoted_dev_null", NEW_FILE.replace("b/pkg/new.py", '"/dev/null"'), "undeclared_path"),
+])
+def test_a_dev_null_section_never_becomes_a_path(how, diff, reason):
+    """/dev/null names no file: a section whose headers name only it, or name `dev/null` as a repository
+    path, is never kept as the file dev/null (git would create one)."""
+    honest = ("diff --git a/pkg/new.py b/pkg/new.py\nnew file mode 100644\n" if diff.startswith("diff --git")
+              else "") + NEW_FILE
+    result = filter_diff(honest + diff)
+    assert "dev/null" not in result.kept and "dev/null" not in result.sections, how
+    assert reason in {t["reason"] for t in result.tamper}, result.tamper
+    if reason == "undeclared_path":
+        assert result.diff == ""  # refused whole
+    else:
+        assert result.kept == ["pkg/new.py"]
+
+
+def test_sections_split_at_newlines_only():
+    """A hunk line holding \\u2028 or \\x0c and a fake header is one line to git, and one line here."""
+    for separator in ("\u2028", "\x0c", "\x1c", "\x85", "\r"):
+        hidden = NEW_FILE.replace("+x = 1\n", f"+x = 1  #{separator}diff --git a/tests/t.py b/tests/t.py\n")
+        sections = split_sections(hidden)
+        assert len(sections) == 1 and sections[0].text == hidden, repr(separator)
 
 
 def test_empty_and_garbage():

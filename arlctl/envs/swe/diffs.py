@@ -68,19 +68,31 @@ def _unquote(path: str) -> str:
     return out.decode("utf-8", "replace")
 
 
+_NO_FILE = "/dev/null"  # the side of a ---/+++ header that names no file (a creation or a deletion)
+
+
 def _strip_prefix(path: str) -> str | None:
+    """The repository path a ---/+++ header names, or None for the side that names no file."""
     path = path.strip()
     path = _unquote(path) if path.startswith('"') else path.split("\t")[0]
-    if path == "/dev/null":
+    if path == _NO_FILE:
         return None
     if path.startswith(("a/", "b/")):
         path = path[2:]
     return path
 
 
+def _lines(text: str) -> list[str]:
+    """`text` in lines ending at `\\n` only, as git reads a patch (str.splitlines also splits at \\r, \\x0c,
+    \\u2028 and more, which would start a "section" inside a hunk line git reads as one line)."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    return lines + [parts[-1]] if parts[-1] else lines
+
+
 def split_sections(diff: str) -> list[FileSection]:
     """Split a git-style or plain unified diff into one section per file."""
-    lines = diff.splitlines(keepends=True)
+    lines = _lines(diff)
     starts = [i for i, line in enumerate(lines) if line.startswith("diff --git ")]
     if not starts:  # a plain unified diff: sections start at each '--- ' followed by '+++ '
         starts = [i for i, line in enumerate(lines[:-1]) if line.startswith("--- ") and lines[i + 1].startswith("+++ ")]
@@ -127,6 +139,8 @@ def protected_reason(path: str) -> str | None:
     if norm.startswith("..") or ".." in parts:
         return "path_outside_repo"
     name = parts[-1]
+    if norm == _NO_FILE.lstrip("/"):
+        return "dev_null_path"  # a /dev/null header read as a path: never a file of the repository
     if parts[0] == ".git" or ".git" in parts:
         return "git_metadata"
     if any(p in _TEST_DIRS for p in parts[:-1]) or name in _TEST_DIRS:
@@ -197,7 +211,8 @@ def filter_diff(diff: str) -> FilteredDiff:
     """Keep sections that edit ordinary source files; flag every other one.
 
     The whole diff is rejected (nothing kept, one tamper flag) when git cannot parse it, or when git
-    does not find exactly one file patch in each section as split here and nothing outside them."""
+    does not find exactly one file patch in each section as split here and nothing outside them, or when
+    the paths a section's headers declare are not exactly the ones git will touch."""
     result = FilteredDiff(diff="")
     kept_text = []
     if not diff.strip():
@@ -211,6 +226,11 @@ def filter_diff(diff: str) -> FilteredDiff:
         patches = git_patches(section.text)
         if patches is None or len(patches) != 1:
             return _reject(result, "smuggled_section", section.new_path or section.old_path or "")
+        if _declared(section) != patches[0]:
+            # One owner for a section's paths: what its headers declare must be what git will touch. A
+            # section whose headers name no file (`--- /dev/null` and `+++ /dev/null`), or name other
+            # files than git reads, is not reinterpreted: the whole diff is refused.
+            return _reject(result, "undeclared_path", sorted(patches[0])[0] if patches[0] else "")
         touched.append(patches[0])
     if len(whole) != len(sections) or set().union(*whole) != set().union(*touched):
         return _reject(result, "smuggled_section")
