@@ -229,7 +229,7 @@ class SweEnv:
         out = f"/tmp/.arlctl-diff-{secrets.token_hex(8)}"
         script = (f"export GIT_INDEX_FILE=/tmp/.arlctl-diff-index && rm -f $GIT_INDEX_FILE {out} && "
                   f"{_git('read-tree ' + base)} && {_git('add -A -f ' + pathspec)} && "
-                  f"{_git('diff --cached --no-color --no-ext-diff --no-textconv ' + base)} > {out} && "
+                  f"{_git(f'diff --cached {_DIFF_FLAGS} ' + base)} > {out} && "
                   f'echo "arlctl-diff-bytes: $(wc -c < {out})" >&2 && head -c {int(self.max_diff_bytes)} {out}; '
                   f"status=$?; rm -f {out}; exit $status")
         try:
@@ -323,13 +323,31 @@ class SweEnv:
             await lease.release()
 
 
+# Every git setting that changes what `git diff` (or the `git add` before it) emits, pinned: the agent owns
+# .git/config (and could set includes, a worktree elsewhere, filters, colours, prefixes, renames), and a
+# `-c` value wins over every file. --git-dir/--work-tree override core.worktree and GIT_DIR-style tricks;
+# no system or global file is read. The diff command line repeats the ones it has flags for (_DIFF_FLAGS).
+_GIT_PINS = (
+    "core.hooksPath=/dev/null", "core.fsmonitor=false", "core.quotePath=false", "core.autocrlf=false",
+    "core.eol=lf", "core.safecrlf=false", "core.attributesFile=/dev/null", "core.bigFileThreshold=512m",
+    "core.fileMode=true", "core.symlinks=true", "core.ignoreCase=false", "core.precomposeUnicode=false",
+    "core.sparseCheckout=false", "core.bare=false", "diff.renames=false", "diff.noprefix=false",
+    "diff.mnemonicPrefix=false", "diff.relative=false", "diff.srcPrefix=a/", "diff.dstPrefix=b/",
+    "diff.algorithm=myers", "diff.indentHeuristic=true", "diff.context=3", "diff.interHunkContext=0",
+    "diff.suppressBlankEmpty=false", "diff.colorMoved=false", "diff.orderFile=/dev/null", "diff.ignoreSubmodules=none",
+    "diff.submodule=short", "color.ui=false", "color.diff=false", "safe.directory=*",
+)
+_DIFF_FLAGS = ("--no-color --no-ext-diff --no-textconv --no-renames --no-relative --src-prefix=a/ --dst-prefix=b/ "
+               "--unified=3 --inter-hunk-context=0 --diff-algorithm=myers --ignore-submodules=none")
+_GIT_ENV = ("env -u GIT_EXTERNAL_DIFF -u GIT_DIFF_OPTS -u GIT_CONFIG_PARAMETERS -u GIT_CONFIG_COUNT GIT_CONFIG_NOSYSTEM=1 "
+            "GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 ")
+
+
 def _git(args: str) -> str:
-    # The agent owns .git/config: pin every setting that changes what a diff looks like, so the artifact
-    # is always a plain a/ b/ diff the grader reads the way git applies it.
-    return ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotepath=false "
-            "-c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.relative=false "
-            "-c diff.srcPrefix=a/ -c diff.dstPrefix=b/ -c core.attributesFile=/dev/null "
-            f"-c safe.directory='*' {args}")
+    # The artifact is always a plain a/ b/ diff, each file patch as git apply reads it, whatever the
+    # agent wrote to .git/config.
+    pins = " ".join(f"-c {shlex.quote(pin)}" for pin in _GIT_PINS)
+    return f"{_GIT_ENV}git {pins} --git-dir=.git --work-tree=. {args}"
 
 
 def pytest_share(output: str) -> float | None:
