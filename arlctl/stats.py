@@ -22,9 +22,15 @@ def _many(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
+# Row counts per value of a column, one constant query per column (no SQL is built from a name).
+COUNTS = {
+    "status": f"select status, count(*) from {VIEW} group by 1 order by 2 desc",
+    "finish_reason": f"select finish_reason, count(*) from {VIEW} group by 1 order by 2 desc",
+}
+
+
 def _counts(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, int]:
-    return {str(k): int(v) for k, v in con.execute(
-        f"select {column}, count(*) from {VIEW} group by 1 order by 2 desc").fetchall()}
+    return {str(k): int(v) for k, v in con.execute(COUNTS[column]).fetchall()}
 
 
 def _round(d: dict[str, Any], digits: int = 4) -> dict[str, Any]:

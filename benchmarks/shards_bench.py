@@ -37,6 +37,12 @@ select env, avg(reward) as mean_reward,
 from trajectories group by env order by env
 """
 STATUS_SQL = "select status, count(*) from trajectories group by 1 order by 1"
+# The same aggregate over the JSONL copy; its path is a bound parameter, never SQL text.
+JSONL_AGG_SQL = """
+select env, avg(reward), quantile_cont(response_tokens, 0.5), quantile_cont(response_tokens, 0.99)
+from read_json($path, columns = {env: 'VARCHAR', reward: 'FLOAT', response_tokens: 'INTEGER', status: 'VARCHAR'})
+group by 1
+"""
 
 
 def make_blocks(rows: int, block: int, distinct_blocks: int) -> list[pa.Table]:
@@ -127,10 +133,7 @@ def main() -> None:
     con = connect(list_shards(pq_dir))
     duck_s, duck_rows = timed(lambda: (con.execute(AGG_SQL).fetchall(), con.execute(STATUS_SQL).fetchall()))
     scan_s, scan_result = timed(lambda: jsonl_python_scan(jsonl), repeat=1)
-    djs_s, _ = timed(lambda: __import__("duckdb").sql(
-        f"select env, avg(reward), quantile_cont(response_tokens, 0.5), quantile_cont(response_tokens, 0.99) "
-        f"from read_json('{jsonl}', columns={{env: 'VARCHAR', reward: 'FLOAT', response_tokens: 'INTEGER', "
-        f"status: 'VARCHAR'}}) group by 1").fetchall(), repeat=1)
+    djs_s, _ = timed(lambda: __import__("duckdb").execute(JSONL_AGG_SQL, {"path": jsonl}).fetchall(), repeat=1)
     for env, mean, p50, _p99 in duck_rows[0]:
         ref = scan_result[env]
         assert abs(mean - ref[0]) < 1e-4 and abs(p50 - ref[1]) < 1e-6, (env, mean, ref)

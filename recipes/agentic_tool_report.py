@@ -17,8 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-import duckdb
-from learning_report import ITERATION_SQL, mcnemar, rows, stderr, train_steps
+from learning_report import ITERATION_SQL, mcnemar, paired_rows, rows, stderr, train_steps
 
 from arlctl.stages.eval import mcnemar_p
 
@@ -34,14 +33,10 @@ from trajectories
 """
 TOOL_PAIRS_SQL = """
 select b.task_id, b.called as before, a.called as after
-from (select task_id, max(case when num_tool_calls > 0 then 1 else 0 end) as called from read_parquet({b}) group by 1) b
-join (select task_id, max(case when num_tool_calls > 0 then 1 else 0 end) as called from read_parquet({a}) group by 1) a
+from (select task_id, max(case when num_tool_calls > 0 then 1 else 0 end) as called from before group by 1) b
+join (select task_id, max(case when num_tool_calls > 0 then 1 else 0 end) as called from after group by 1) a
 using (task_id)
 """
-
-
-def _glob(directory: Path) -> str:
-    return "'" + str(directory / "*.parquet").replace("'", "''") + "'"
 
 
 def exact_mcnemar(pairs: list[tuple[str, float, float]]) -> dict:
@@ -53,7 +48,7 @@ def exact_mcnemar(pairs: list[tuple[str, float, float]]) -> dict:
 
 
 def tool_mcnemar(before: Path, after: Path) -> dict:
-    return exact_mcnemar(duckdb.connect().execute(TOOL_PAIRS_SQL.format(b=_glob(before), a=_glob(after))).fetchall())
+    return exact_mcnemar(paired_rows(before, after, TOOL_PAIRS_SQL))
 
 
 def main() -> None:
@@ -77,9 +72,7 @@ def main() -> None:
     sft_rows = rows(str(run / "sft" / "rewarded"), EVAL_SQL)[0] if (run / "sft" / "rewarded").exists() else None
     sft_steps = [{k: s.get(k) for k in ("step", "loss", "nll", "rows", "tokens", "grad_norm", "lr")}
                  for s in train_steps(run / "sft")]
-    rl_iters = rows(str(run / "rewarded"), ITERATION_SQL.format(key="try_cast(regexp_extract(filename, "
-                                                                     "'/it([0-9]+)-', 1) as integer)")) \
-        if (run / "rewarded").exists() else []
+    rl_iters = rows(str(run / "rewarded"), ITERATION_SQL) if (run / "rewarded").exists() else []
     rl_steps = [{k: s.get(k) for k in ("step", "loss", "nll", "rows", "reward_mean", "approx_kl", "grad_norm")}
                 for s in train_steps(run)]
     commands = (run / "commands.log").read_text().splitlines() if (run / "commands.log").exists() else []

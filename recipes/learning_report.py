@@ -25,13 +25,13 @@ import json
 import math
 from pathlib import Path
 
-import duckdb
-
-from arlctl.io.duck import connect_paths
+from arlctl.io.duck import connect_paths, sealed, shard_dataset
+from arlctl.io.fs import basename
+from arlctl.io.shards import list_shards
 
 ITERATION_KEY = "try_cast(regexp_extract(filename, '/it([0-9]+)-', 1) as integer)"
-VERSION_KEY = "(policy_version // {bin}) * {bin}"
-ITERATION_SQL = """
+VERSION_KEY = "(policy_version // $bin) * $bin"  # the bin width is a bound parameter
+_ITERATION_SQL = """
 select {key} as iteration,
        count(*) as trajectories,
        avg(reward) as mean_reward,
@@ -57,19 +57,33 @@ from trajectories
 """
 
 
-def rows(path: str, sql: str) -> list[dict]:
+ITERATION_SQL = _ITERATION_SQL.format(key=ITERATION_KEY)
+VERSION_SQL = _ITERATION_SQL.format(key=VERSION_KEY)
+TRAIN_STEPS_SQL = "select * from train_steps order by step"
+
+
+def rows(path: str, sql: str, params: dict | None = None) -> list[dict]:
     con, _ = connect_paths(path)
-    cur = con.execute(sql)
+    cur = con.execute(sql, params or {})
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 PAIRED_SQL = """
 select b.task_id, b.correct as before, a.correct as after
-from (select task_id, max(reward_components['correct']) as correct from read_parquet({before}) group by 1) b
-join (select task_id, max(reward_components['correct']) as correct from read_parquet({after}) group by 1) a
+from (select task_id, max(reward_components['correct']) as correct from before group by 1) b
+join (select task_id, max(reward_components['correct']) as correct from after group by 1) a
 using (task_id)
 """
+
+
+def paired_rows(before_dir: Path, after_dir: Path, sql: str) -> list[tuple]:
+    """`sql` over the shards of two directories, registered as `before` and `after` on a sealed connection
+    (arlctl.io.duck: no path becomes SQL text, and the connection reaches no file)."""
+    con = sealed()
+    con.register("before", shard_dataset(list_shards(str(before_dir))))
+    con.register("after", shard_dataset(list_shards(str(after_dir))))
+    return con.execute(sql).fetchall()
 
 
 def mcnemar(before_dir: Path, after_dir: Path) -> dict:
@@ -77,8 +91,7 @@ def mcnemar(before_dir: Path, after_dir: Path) -> dict:
     greedy evals in plain rewarded directories; the test itself is `arlctl eval`'s (stages/eval.py)."""
     from arlctl.stages.eval import mcnemar_p
 
-    pairs = duckdb.connect().execute(
-        PAIRED_SQL.format(before=_sql_glob(before_dir), after=_sql_glob(after_dir))).fetchall()
+    pairs = paired_rows(before_dir, after_dir, PAIRED_SQL)
     only_before = sum(1 for _, b, a in pairs if b >= 1 and a < 1)
     only_after = sum(1 for _, b, a in pairs if a >= 1 and b < 1)
     both = sum(1 for _, b, a in pairs if a >= 1 and b >= 1)
@@ -136,11 +149,6 @@ def _paired_line(name: str, test: dict) -> str:
             f"{only_first}, only {last} {only_last}; exact McNemar p = {mc['p_value']:.2g}.")
 
 
-def _sql_glob(directory: Path) -> str:
-    """A quoted SQL string literal for the Parquet files of `directory`."""
-    return "'" + str(directory / "*.parquet").replace("'", "''") + "'"
-
-
 def stderr(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
 
@@ -149,8 +157,10 @@ def train_steps(run: Path) -> list[dict]:
     metrics = run / "metrics"
     if not any(metrics.glob("train-*.parquet")):
         return []
-    glob = str(metrics / "train-*.parquet").replace("'", "''")
-    cur = duckdb.connect().execute(f"select * from read_parquet('{glob}', union_by_name = true) order by step")
+    con = sealed()
+    con.register("train_steps", shard_dataset([s for s in list_shards(str(metrics))
+                                               if basename(s).startswith("train-")], with_filename=False))
+    cur = con.execute(TRAIN_STEPS_SQL)
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
@@ -169,8 +179,10 @@ def main() -> None:
     run, out = Path(args.run), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    key = ITERATION_KEY if args.by == "iteration" else VERSION_KEY.format(bin=args.bin)
-    iters = rows(str(run / "rewarded"), ITERATION_SQL.format(key=key))
+    if args.by == "iteration":
+        iters = rows(str(run / "rewarded"), ITERATION_SQL)
+    else:
+        iters = rows(str(run / "rewarded"), VERSION_SQL, {"bin": args.bin})
     evals, paired = arlctl_evals(run) if (run / "evals").is_dir() else legacy_evals(run)
     steps = train_steps(run)
     unit = "iteration" if args.by == "iteration" else f"policy versions (bins of {args.bin}, by first version)"

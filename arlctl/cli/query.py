@@ -31,8 +31,8 @@ List and struct columns work as in DuckDB:
 def gather_shards(paths: list[str]) -> list[str]:
     """All shards under the given paths; strays (not *.parquet, or a name that globs) are reported, never read.
 
-    A directory such as `runs/r[1]` is fine: DuckDB gets every path with its glob characters escaped
-    (arlctl.io.duck.literal_path), so it reads that run and not `runs/r1`.
+    A directory such as `runs/r[1]` is fine: no path reaches DuckDB as text (arlctl.io.duck opens each
+    listed file with pyarrow), so it reads that run and not `runs/r1`.
     """
     shards: list[str] = []
     for path in paths:

@@ -1,7 +1,11 @@
 """DuckDB over trajectory shards: every query sees a view named `trajectories`.
 
-Local shards are read by DuckDB directly; shards on any other fsspec filesystem (s3://, memory://)
-are read through that filesystem registered with DuckDB, so the same SQL works everywhere.
+No SQL text is ever built from a shard's path, name or contents. The shards are opened by pyarrow (through
+fsspec, so local files, s3:// and memory:// alike) as one lazy `pyarrow.dataset` with the union of their
+columns and a `filename` column, and that dataset is registered with DuckDB under a constant name. DuckDB
+itself has no file access at all: `sealed()` turns external access off and locks the configuration, so
+`COPY ... TO`, `read_csv('/etc/passwd')`, `ATTACH`, `INSTALL` and `LOAD` fail on every connection made
+here, whatever SQL reaches it (the user's own SQL in `arlctl query` included).
 """
 
 from __future__ import annotations
@@ -9,42 +13,73 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from pyarrow.fs import FileSystem, FSSpecHandler, LocalFileSystem, PyFileSystem
 
-from arlctl.errors import NoShardsError
+from arlctl.errors import CorruptShardError, NoShardsError, TerminalError
 from arlctl.io.fs import get_fs, is_local
 from arlctl.io.shards import list_shards
 
 VIEW = "trajectories"
+FILENAME = "filename"  # the column naming each row's shard, as DuckDB's read_parquet(filename = true) did
+
+# Settings every connection starts with; lock_configuration makes them final (a `SET` cannot undo them).
+SEALED = {
+    "enable_external_access": False,  # no file, URL, ATTACH or extension directory is reachable
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "lock_configuration": True,
+}
 
 
-def literal_path(path: str) -> str:
-    """`path` as DuckDB must read it: exactly that file. read_parquet globs its arguments, so each glob
-    metacharacter goes in a one-character class (a file named `*.parquet` must not read the directory)."""
-    return "".join(f"[{c}]" if c in "*?[{" else c for c in path)
+def sealed(threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that can read only what is registered with it (Arrow objects)."""
+    config: dict[str, object] = dict(SEALED)
+    if threads:
+        config["threads"] = int(threads)
+    return duckdb.connect(":memory:", config=config)
 
 
-def _sql_list(paths: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + literal_path(p).replace("'", "''") + "'" for p in paths) + "]"
+def shard_dataset(shards: Sequence[str], with_filename: bool = True) -> ds.Dataset:
+    """The shards as one lazy dataset: the union of their columns by name (v1, v2 and v3 shards together,
+    a missing field null, nested fields such as turns[].advantage included) and, unless asked not to, a
+    `filename` column holding each row's shard URL exactly as listed."""
+    if not shards:
+        raise NoShardsError("(no paths)")
+    filesystems: dict[str, FileSystem] = {}  # one pyarrow filesystem per fsspec protocol
+    opened = [_open(shard, filesystems) for shard in shards]
+    schemas = [schema for _, _, schema in opened]
+    try:
+        schema = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise TerminalError(f"the shards' columns do not agree: {_one_line(err)}",
+                            hint="read shards of one run (or one schema version family) together") from None
+    if with_filename:
+        if FILENAME in schema.names:
+            bad = next(shard for shard, (_, _, s) in zip(shards, opened, strict=True) if FILENAME in s.names)
+            raise TerminalError(f"{bad}: has a column named {FILENAME!r}, which the reader adds itself",
+                                hint="rename that column; every shard's rows carry their file in `filename`")
+        schema = schema.append(pa.field(FILENAME, pa.string()))
+    parts: dict[int, tuple[FileSystem, list[str], list[pc.Expression]]] = {}
+    for shard, (fs, path, _) in zip(shards, opened, strict=True):
+        _, paths, names = parts.setdefault(id(fs), (fs, [], []))
+        paths.append(path)
+        # A partition expression `filename == shard` is how pyarrow gives every row of a file a constant.
+        names.append(pc.field(FILENAME) == pc.scalar(shard))
+    datasets = [ds.FileSystemDataset.from_paths(paths, schema=schema, format=ds.ParquetFileFormat(),
+                                                filesystem=fs, partitions=names if with_filename else None)
+                for fs, paths, names in parts.values()]
+    return datasets[0] if len(datasets) == 1 else ds.dataset(datasets)
 
 
 def connect(shards: Sequence[str], threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with `trajectories` as a view over the given shard files."""
-    if not shards:
-        raise NoShardsError("(no paths)")
-    con = duckdb.connect(":memory:")
-    if threads:
-        con.execute(f"SET threads TO {int(threads)}")
-    registered: set[str] = set()
-    for shard in shards:
-        fs, _ = get_fs(shard)
-        if not is_local(fs):
-            proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-            if proto not in registered:
-                con.register_filesystem(fs)
-                registered.add(proto)
-    # union_by_name: v1, v2 and v3 shards (v2 adds turns[].advantage, v3 env_info) in one view, the missing field null.
-    con.execute(f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({_sql_list(shards)}, filename = true, "
-                "union_by_name = true)")
+    """A sealed connection with `trajectories` registered over the given shard files."""
+    con = sealed(threads)
+    con.register(VIEW, shard_dataset(shards))
     return con
 
 
@@ -53,3 +88,24 @@ def connect_paths(*paths: str) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
     if not shards:
         raise NoShardsError(", ".join(paths))
     return connect(shards), shards
+
+
+def _open(shard: str, filesystems: dict[str, FileSystem]) -> tuple[FileSystem, str, pa.Schema]:
+    """(pyarrow filesystem, path in it, schema) of one shard."""
+    fs, path = get_fs(shard)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    if protocol not in filesystems:
+        filesystems[protocol] = LocalFileSystem() if is_local(fs) else PyFileSystem(FSSpecHandler(fs))
+    arrow_fs = filesystems[protocol]
+    try:
+        with arrow_fs.open_input_file(path) as fh:
+            schema = pq.read_schema(fh)
+    except FileNotFoundError:
+        raise
+    except Exception as err:
+        raise CorruptShardError(shard, _one_line(err)) from None
+    return arrow_fs, path, schema.remove_metadata()
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300]

@@ -21,19 +21,87 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from arlctl.errors import UsageError
-from arlctl.io.duck import literal_path
 from arlctl.io.fs import basename
-from arlctl.report.sources import RunFiles, RunViews, read_json
+from arlctl.report.sources import SAMPLE_FILES, SAMPLE_SOURCE, RunFiles, RunViews, read_json
 
 # Trainer columns plotted first, in this order; any other numeric column of the train-step rows follows.
 TRAIN_KEY = ("loss", "approx_kl", "ref_kl", "entropy", "clip_frac_low", "clip_frac_high", "grad_norm",
              "tokens_per_s", "reward_mean", "advantage_abs_mean", "lr", "step_time_s")
 TRAIN_SKIP = ("step", "time")  # the x axis and a timestamp
-NUMERIC = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "FLOAT", "DOUBLE", "DECIMAL", "UBIGINT",
-           "UINTEGER", "USMALLINT", "UTINYINT")
-CALL_OPENINGS = ("<tool_call>", "[TOOL_CALLS]")
+# What a turn's text opens a tool call with, per format (bound as query parameters, never spliced into SQL).
+CALL_OPENINGS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}
 SAMPLE_KEYS = ("trajectory_id", "env", "task_id", "policy_version", "status", "num_turns", "reward")
+
+
+# ----------------------------------------------------------------------------------------------- queries
+# Every query is a constant over the constant view names of sources.RunViews; what varies is bound ($p).
+
+CORRECT = ("case when reward is null then null when reward_components['correct'] is not null "
+           "then reward_components['correct']::double else (reward >= 1)::int::double end")
+REWARD_BY_VERSION = f"""
+    select env, policy_version, count(*) as rows, count(reward) as rewarded,
+           avg(reward)::double as mean_reward, avg({CORRECT}) as correct_rate
+    from rewarded group by 1, 2 order by 1, 2"""
+
+_THROUGHPUT_RUNS = """
+    select regexp_extract(filename, '[^/]*$') as file, trajectories::double as trajectories,
+           seconds::double as seconds, {gen}::double as generated_tokens,
+           60 * trajectories / nullif(seconds, 0) as trajectories_per_min,
+           {gen} / nullif(seconds, 0) as generated_tokens_per_s
+    from rollout_metrics order by file"""
+_THROUGHPUT_TOTAL = """
+    select sum(trajectories)::double as trajectories, sum(seconds)::double as seconds,
+           60 * sum(trajectories) / nullif(sum(seconds), 0) as trajectories_per_min,
+           sum({gen}) / nullif(sum(seconds), 0) as generated_tokens_per_s
+    from rollout_metrics"""
+# Rollout metrics rows from before `generated_tokens` was recorded have no such column: a null there.
+THROUGHPUT = {"runs": _THROUGHPUT_RUNS.format(gen="generated_tokens"),
+              "total": _THROUGHPUT_TOTAL.format(gen="generated_tokens")}
+THROUGHPUT_NO_TOKENS = {"runs": _THROUGHPUT_RUNS.format(gen="null"), "total": _THROUGHPUT_TOTAL.format(gen="null")}
+
+LATENCY_SAMPLE_ROWS = 100_000  # per-turn latencies kept for the histogram
+_TURN_LATENCIES = ("select t.env_latency_s::double as s from rollouts, unnest(turns) as u(t) "
+                   "where t.env_latency_s is not null")
+ENV_LATENCY_STATS = f"""
+    select count(*) as turns, avg(s) as mean_s, quantile_cont(s, 0.5) as p50_s,
+           quantile_cont(s, 0.9) as p90_s, quantile_cont(s, 0.99) as p99_s, max(s) as max_s
+    from ({_TURN_LATENCIES})"""
+ENV_LATENCY_SAMPLE = (f"select s from ({_TURN_LATENCIES}) using sample reservoir({LATENCY_SAMPLE_ROWS} rows) "
+                      "repeatable (0)")
+
+_TURNS = "select u.t as turn from rollouts, unnest(turns) as u(t)"
+_CALLS = "case when json_valid(turn.tool_calls) then coalesce(json_array_length(turn.tool_calls), 0) else 0 end"
+_OPENS = ("(length(turn.text) - length(replace(turn.text, $hermes, ''))) // length($hermes)"
+          " + (length(turn.text) - length(replace(turn.text, $mistral, ''))) // length($mistral)")
+TOOL_PARSE = f"""
+    select count(*) as turns, count(*) filter (where opens > 0 or calls > 0) as call_turns,
+           count(*) filter (where opens > calls) as parse_failures
+    from (select {_OPENS} as opens, {_CALLS} as calls from ({_TURNS}))"""
+TOOL_MIX = f"""
+    select name, count(*) as calls from (
+        select unnest(json_extract_string(turn.tool_calls, '$[*].name')) as name
+        from ({_TURNS}) where json_valid(turn.tool_calls))
+    group by 1 order by 2 desc, 1"""
+
+ERROR_CAUSES = {"rollout": "select error_causes from rollout_metrics where error_causes is not null",
+                "reward": "select error_causes from reward_metrics where error_causes is not null"}
+
+SAMPLE_BY_PREFIX = f"select distinct trajectory_id from {SAMPLE_SOURCE} where starts_with(trajectory_id, $p) limit 2"
+SAMPLE_PICKS = (  # best and worst reward of the newest version, a failed row, the most tool calls
+    f"select trajectory_id from {SAMPLE_SOURCE} where reward is not null "
+    "order by policy_version desc, reward desc, trajectory_id limit 1",
+    f"select trajectory_id from {SAMPLE_SOURCE} where reward is not null "
+    "order by reward asc, policy_version desc, trajectory_id limit 1",
+    f"select trajectory_id from {SAMPLE_SOURCE} where status not in ('ok', 'truncated') order by trajectory_id limit 1",
+    f"select trajectory_id from {SAMPLE_SOURCE} order by num_tool_calls desc, env_errors desc, trajectory_id limit 1",
+)
+SAMPLE_FILENAMES = f"select distinct filename from {SAMPLE_SOURCE} where list_contains($ids, trajectory_id)"
+SAMPLE_WHOLE_ROWS = (f"select * from {SAMPLE_FILES} where list_contains($ids, trajectory_id) "
+                     "qualify row_number() over (partition by trajectory_id) = 1")
 
 
 @dataclass
@@ -105,12 +173,7 @@ def reward_by_version(v: RunViews) -> list[dict[str, Any]] | None:
     """Per env and policy version (of the first turn): rows, rewarded rows, mean reward, correct rate."""
     if not v.has("rewarded"):
         return None
-    correct = ("case when reward is null then null when reward_components['correct'] is not null "
-               "then reward_components['correct']::double else (reward >= 1)::int::double end")
-    return v.rows(f"""
-        select env, policy_version, count(*) as rows, count(reward) as rewarded,
-               avg(reward)::double as mean_reward, avg({correct}) as correct_rate
-        from rewarded group by 1, 2 order by 1, 2""")
+    return v.rows(REWARD_BY_VERSION)
 
 
 def evals(files: RunFiles, v: RunViews) -> list[dict[str, Any]] | None:
@@ -146,14 +209,22 @@ def evals(files: RunFiles, v: RunViews) -> list[dict[str, Any]] | None:
 
 
 def train(v: RunViews) -> dict[str, Any] | None:
-    """Every numeric column of the train-step rows, per step; the key columns first."""
+    """Every numeric column of the train-step rows, per step; the key columns first.
+
+    The rows are read by pyarrow, without SQL, and the columns chosen here, in Python, by their Arrow type:
+    a metrics column's name is data (a run can hold any name) and never becomes SQL text."""
     if not v.has("train_metrics", "step"):
         return None
-    types = v.columns("train_metrics")
-    numeric = [c for c, t in types.items() if t.split("(")[0] in NUMERIC and c not in TRAIN_SKIP]
+    table = v.table("train_metrics")
+    table = table.take(pc.sort_indices(table.column(table.column_names.index("step")), null_placement="at_end"))
+    names = table.column_names
+    numeric = [c for c, f in zip(names, table.schema, strict=True) if _is_number(f.type) and c not in TRAIN_SKIP]
+    numeric = [c for i, c in enumerate(numeric) if c not in numeric[:i]]  # one column per name
     ordered = [c for c in TRAIN_KEY if c in numeric] + [c for c in numeric if c not in TRAIN_KEY]
-    select = ", ".join(f'"{c}"::double as "{c}"' for c in ordered)
-    steps = v.rows(f"select step, {select} from train_metrics order by step")
+    values = {c: [None if x is None else float(x) for x in table.column(names.index(c)).to_pylist()]
+              for c in ordered}
+    step_values = table.column(names.index("step")).to_pylist()
+    steps = [{"step": step, **{c: values[c][i] for c in ordered}} for i, step in enumerate(step_values)]
     recorded = [c for c in ordered if any(s[c] is not None for s in steps)]
     last = {c: next((s[c] for s in reversed(steps) if s[c] is not None), None) for c in recorded}
     # Columns past the key ones that never changed (counters that stayed 0) go in a table, not a plot.
@@ -183,18 +254,9 @@ def throughput(v: RunViews) -> dict[str, Any] | None:
     """Per rollout invocation and overall: trajectories per minute, generated tokens per second."""
     if not v.has("rollout_metrics", "trajectories", "seconds"):
         return None
-    gen = "generated_tokens" if v.has("rollout_metrics", "generated_tokens") else "null"
-    runs = v.rows(f"""
-        select regexp_extract(filename, '[^/]*$') as file, trajectories::double as trajectories,
-               seconds::double as seconds, {gen}::double as generated_tokens,
-               60 * trajectories / nullif(seconds, 0) as trajectories_per_min,
-               {gen} / nullif(seconds, 0) as generated_tokens_per_s
-        from rollout_metrics order by file""")
-    total = v.one(f"""
-        select sum(trajectories)::double as trajectories, sum(seconds)::double as seconds,
-               60 * sum(trajectories) / nullif(sum(seconds), 0) as trajectories_per_min,
-               sum({gen}) / nullif(sum(seconds), 0) as generated_tokens_per_s
-        from rollout_metrics""")
+    queries = THROUGHPUT if v.has("rollout_metrics", "generated_tokens") else THROUGHPUT_NO_TOKENS
+    runs = v.rows(queries["runs"])
+    total = v.one(queries["total"])
     return {"invocations": runs, **total}
 
 
@@ -219,18 +281,14 @@ def time_split(v: RunViews) -> dict[str, Any]:
     return out
 
 
-def env_latency(v: RunViews, sample: int = 100_000) -> dict[str, Any] | None:
+def env_latency(v: RunViews) -> dict[str, Any] | None:
     """Per-turn environment latency: count, mean, quantiles; `values` is a sample for the histogram."""
     if not v.has("rollouts"):
         return None
-    turns = "select t.env_latency_s::double as s from rollouts, unnest(turns) as u(t) where t.env_latency_s is not null"
-    stats = v.one(f"""
-        select count(*) as turns, avg(s) as mean_s, quantile_cont(s, 0.5) as p50_s,
-               quantile_cont(s, 0.9) as p90_s, quantile_cont(s, 0.99) as p99_s, max(s) as max_s from ({turns})""")
+    stats = v.one(ENV_LATENCY_STATS)
     if not stats["turns"]:
         return None
-    values = [r["s"] for r in v.rows(f"select s from ({turns}) using sample reservoir({int(sample)} rows) "
-                                     "repeatable (0)")]
+    values = [r["s"] for r in v.rows(ENV_LATENCY_SAMPLE)]
     return {**stats, "values": values}
 
 
@@ -276,20 +334,9 @@ def tools(v: RunViews) -> dict[str, Any] | None:
     """Tool mix (calls per tool name) and the tool-call parse-failure rate over turns."""
     if not v.has("rollouts"):
         return None
-    turns = "select u.t as turn from rollouts, unnest(turns) as u(t)"
-    calls = "case when json_valid(turn.tool_calls) then coalesce(json_array_length(turn.tool_calls), 0) else 0 end"
-    opens = " + ".join(f"(length(turn.text) - length(replace(turn.text, '{o}', ''))) // {len(o)}"
-                       for o in CALL_OPENINGS)
-    parse = v.one(f"""
-        select count(*) as turns, count(*) filter (where opens > 0 or calls > 0) as call_turns,
-               count(*) filter (where opens > calls) as parse_failures
-        from (select {opens} as opens, {calls} as calls from ({turns}))""")
+    parse = v.one(TOOL_PARSE, CALL_OPENINGS)
     parse["parse_failure_rate"] = parse["parse_failures"] / parse["call_turns"] if parse["call_turns"] else None
-    mix = v.rows(f"""
-        select name, count(*) as calls from (
-            select unnest(json_extract_string(turn.tool_calls, '$[*].name')) as name
-            from ({turns}) where json_valid(turn.tool_calls))
-        group by 1 order by 2 desc, 1""")
+    mix = v.rows(TOOL_MIX)
     return {**parse, "mix": mix}
 
 
@@ -308,11 +355,10 @@ def failures(v: RunViews) -> dict[str, Any]:
             select coalesce(json_extract_string(reward_info, '$.error'), '(no cause recorded)') as cause,
                    count(*) as rows
             from rewarded where reward is null group by 1 order by 2 desc, 1 limit 20""")}
-    for stage in ("rollout", "reward"):
-        view = f"{stage}_metrics"
-        if v.has(view, "error_causes"):
+    for stage, query in ERROR_CAUSES.items():
+        if v.has(f"{stage}_metrics", "error_causes"):
             causes: dict[str, int] = {}
-            for r in v.rows(f"select error_causes from {view} where error_causes is not null"):
+            for r in v.rows(query):
                 for cause, n in _json_counts(r["error_causes"]).items():
                     causes[cause] = causes.get(cause, 0) + n
             out["error_causes"][stage] = dict(sorted(causes.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -327,39 +373,29 @@ def failures(v: RunViews) -> dict[str, Any]:
 def sample_rows(v: RunViews, count: int, ids: tuple[str, ...]) -> list[dict[str, Any]]:
     """A few whole rows to read: the ones asked for by id (prefix), then the best and worst reward of the
     newest version, a failed row, and the row with the most tool calls."""
-    view = "rewarded" if v.has("rewarded") else "rollouts" if v.has("rollouts") else None
+    view = v.sample_view  # `sample_source` is this view, registered under a constant name
     if view is None:
         return []
     chosen: list[str] = []
     for prefix in ids:
-        found = [r["trajectory_id"] for r in v.rows(
-            f"select distinct trajectory_id from {view} where starts_with(trajectory_id, $p) limit 2", {"p": prefix})]
+        found = [r["trajectory_id"] for r in v.rows(SAMPLE_BY_PREFIX, {"p": prefix})]
         if not found:
             raise UsageError(f"--sample {prefix}: no trajectory with that id in {view}/")
         if len(found) > 1:
             raise UsageError(f"--sample {prefix}: the id prefix is ambiguous", hint="give more characters of the id")
         chosen.append(found[0])
-    picks = [
-        "reward is not null order by policy_version desc, reward desc, trajectory_id",
-        "reward is not null order by reward asc, policy_version desc, trajectory_id",
-        "status not in ('ok', 'truncated') order by trajectory_id",
-        "true order by num_tool_calls desc, env_errors desc, trajectory_id",
-    ]
-    for where in picks:
+    for query in SAMPLE_PICKS:
         if len(chosen) >= count + len(ids):
             break
-        found = v.rows(f"select trajectory_id from {view} where {where} limit 1")
+        found = v.rows(query)
         if found and found[0]["trajectory_id"] not in chosen:
             chosen.append(found[0]["trajectory_id"])
     if not chosen:
         return []
     # Read whole rows (token lists included) only from the files that hold them, not the whole view.
-    files = [r["filename"] for r in v.rows(f"select distinct filename from {view} where list_contains($ids, "
-                                           "trajectory_id)", {"ids": chosen})]
-    paths = ", ".join("'" + literal_path(f).replace("'", "''") + "'" for f in files)
-    rows = v.con.sql(f"select * from read_parquet([{paths}], union_by_name = true) where list_contains($ids, "
-                     "trajectory_id) qualify row_number() over (partition by trajectory_id) = 1",
-                     params={"ids": chosen}).to_arrow_table().to_pylist()
+    files = [r["filename"] for r in v.rows(SAMPLE_FILENAMES, {"ids": chosen})]
+    v.register_samples(files)
+    rows = v.arrow(SAMPLE_WHOLE_ROWS, {"ids": chosen}).to_pylist()
     order = {tid: i for i, tid in enumerate(chosen)}
     return sorted(rows, key=lambda r: order[r["trajectory_id"]])
 
@@ -387,6 +423,10 @@ def _int(value: Any, default: int | None = None) -> int | None:
         return int(value) if value is not None else default
     except (TypeError, ValueError):
         return default
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
 
 
 def _float(value: Any) -> float | None:

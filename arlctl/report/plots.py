@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -219,5 +220,9 @@ PLOTS: dict[str, Callable[[Numbers, Series], bytes | None]] = {
 
 
 def draw_all(numbers: Numbers, series: Series) -> dict[str, bytes | None]:
-    """Every plot's PNG (None where the run did not record it)."""
-    return {name: fn(numbers, series) for name, fn in PLOTS.items()}
+    """Every plot's PNG (None where the run did not record it).
+
+    Titles, legends and tick labels carry names from the run (metrics columns, envs, tools, evals): they are
+    drawn as plain text, never parsed as mathtext or TeX (a column named `$\\frac{$` would fail the draw)."""
+    with rc_context({"text.parse_math": False, "text.usetex": False}):
+        return {name: fn(numbers, series) for name, fn in PLOTS.items()}

@@ -13,15 +13,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
 
 from arlctl.errors import UsageError
-from arlctl.io.duck import literal_path
-from arlctl.io.fs import basename, get_fs, is_local, to_url
+from arlctl.io.duck import sealed, shard_dataset
+from arlctl.io.fs import basename, get_fs, to_url
 from arlctl.io.run import RunLayout
 from arlctl.io.shards import list_shards
 
 METRIC_PREFIXES = {"train_metrics": "train-step-", "rollout_metrics": "rollout-", "reward_metrics": "reward-"}
+VIEWS = ("rollouts", "rewarded", "batches", *METRIC_PREFIXES, "eval_rows")
 EVAL_SUMMARY = "summary.json"
 
 
@@ -75,48 +77,59 @@ def read_json(url: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+SAMPLE_SOURCE = "sample_source"  # the view sample rows are picked from: `rewarded`, else `rollouts`
+SAMPLE_FILES = "sample_files"  # whole rows of the picked samples (token lists included), only their files
+
+
 class RunViews:
-    """An in-memory DuckDB connection with one view per non-empty file list of `files`."""
+    """A sealed in-memory DuckDB connection (arlctl.io.duck.sealed: no file access at all) with one
+    registered dataset per non-empty file list of `files`, under the constant view names above. No path,
+    column name or value of the run ever becomes SQL text: the queries are constants with bound parameters."""
 
     def __init__(self, files: RunFiles):
         self.files = files
-        self.con = duckdb.connect(":memory:")
-        self.con.execute("SET threads TO 2")
-        self._register(files.shards.values())
-        self.views = {name for name, shards in files.shards.items() if shards}
-        for name in self.views:
-            paths = ", ".join("'" + literal_path(p).replace("'", "''") + "'" for p in files.shards[name])
-            self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{paths}], filename = true, "
-                             "union_by_name = true)")
+        self.con = sealed(threads=2)
+        self.datasets: dict[str, ds.Dataset] = {}
+        for name, shards in files.shards.items():
+            if shards and name in VIEWS:
+                self.datasets[name] = shard_dataset(shards)
+                self.con.register(name, self.datasets[name])
+        self.schemas = {name: dataset.schema for name, dataset in self.datasets.items()}
+        self.views = set(self.schemas)
+        source = "rewarded" if "rewarded" in self.views else "rollouts" if "rollouts" in self.views else None
+        self.sample_view = source
+        if source is not None:
+            self.con.register(SAMPLE_SOURCE, shard_dataset(files.shards[source]))
 
-    def _register(self, lists) -> None:
-        registered: set[str] = set()
-        for shards in lists:
-            for shard in shards[:1]:
-                fs, _ = get_fs(shard)
-                proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-                if not is_local(fs) and proto not in registered:
-                    self.con.register_filesystem(fs)
-                    registered.add(proto)
+    def register_samples(self, shards: list[str]) -> None:
+        """`sample_files`: the whole rows of these shards, without the reader's `filename` column."""
+        self.con.register(SAMPLE_FILES, shard_dataset(shards, with_filename=False))
 
     def has(self, view: str, *columns: str) -> bool:
         """The view exists and has every one of `columns` (metrics rows gain columns across versions)."""
         return view in self.views and all(c in self.columns(view) for c in columns)
 
-    def columns(self, view: str) -> dict[str, str]:
-        """Column name -> DuckDB type of a view."""
-        if view not in self.views:
-            return {}
-        return {row[0]: row[1] for row in self.con.execute(f"DESCRIBE {view}").fetchall()}
+    def columns(self, view: str) -> dict[str, pa.DataType]:
+        """Column name -> Arrow type of a view (read from the shards' footers, not by SQL)."""
+        schema = self.schemas.get(view)
+        return {} if schema is None else {f.name: f.type for f in schema}
 
     def rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         cur = self.con.execute(sql, params or {})
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def one(self, sql: str) -> dict[str, Any]:
-        rows = self.rows(sql)
+    def one(self, sql: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        rows = self.rows(sql, params)
         return rows[0] if rows else {}
+
+    def arrow(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        return self.con.sql(sql, params=params or None).to_arrow_table()
+
+    def table(self, view: str) -> pa.Table:
+        """A view's rows read by pyarrow, no SQL at all: every column under its exact name (DuckDB would
+        rename an empty name and cut one at a NUL)."""
+        return self.datasets[view].to_table()
 
     def close(self) -> None:
         self.con.close()
