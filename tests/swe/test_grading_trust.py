@@ -387,9 +387,15 @@ def test_scan_only_flags_what_the_diff_adds():
     assert {f.construct for f in scan_source("m.py", source)} == {"import inspect", "sys.modules"}
     assert scan_source("m.py", source, lines={1}) and not scan_source("m.py", source, lines={2, 3})
     assert [f.construct for f in scan_source("m.py", source, lines={6})] == ["sys.modules"]
-    # the file's own coding declaration is honoured, as the interpreter would
+    # a source in any encoding but UTF-8 is a finding (git shows it as UTF-8; Python would decode it otherwise),
+    # for the whole file, whichever lines were added: a cookie on line 1, or line 2 after a blank line
     latin = "# -*- coding: latin-1 -*-\nx = 'é'\nimport gc\n".encode("latin-1")
-    assert [f.reason for f in scan_source("m.py", latin)] == ["gc_introspection"]
+    assert [f.reason for f in scan_source("m.py", latin)] == ["source_encoding"]
+    assert [f.reason for f in scan_source("m.py", latin, lines={3})] == ["source_encoding"]
+    assert [f.line for f in scan_source("m.py", b"\n# coding: utf-7\nx = 1\n", lines={3})] == [2]
+    assert [f.reason for f in scan_source("m.py", "x = 'é'\n".encode("latin-1"))] == ["source_encoding"]
+    assert [f.reason for f in scan_source("m.py", "\ufeffx = 1\n".encode("utf-16"))] == ["source_encoding"]
+    assert scan_source("m.py", "\ufeff# coding: utf-8\nx = 'é'\n".encode("utf-8")) == []
     assert [f.reason for f in scan_source("m.py", b"def (:\n")] == ["unparseable_source"]
 
 
@@ -565,3 +571,34 @@ def test_the_agents_git_config_cannot_reshape_the_env_diff(task, inprocess_task,
     assert {t["reason"] for t in filtered.tamper} == {"test_file"}
     value, _, info = run(grade(inprocess_task, diff, bwrap))
     assert value == 0.0 and "tests/test_inventory.py::test_remove_too_many" in info["failed"], info
+
+
+def test_every_git_setting_that_reshapes_a_diff_is_pinned(task, inprocess_task, bwrap):
+    """Through the tools: the agent's .git/config turns on rename and copy detection, colour, an external
+    diff, zero context, blank-context suppression, another algorithm and order file, path quoting, CRLF
+    conversion, a worktree elsewhere and a tiny big-file threshold, and .gitattributes sends *.py through a
+    textconv driver. The env's diff is still a plain a/ b/ diff git applies to the snapshot, with no rename or
+    copy section for the scan to refuse, and the fix in it scores 1."""
+    config = ("\n[diff]\n\trenames = copies\n\tcontext = 0\n\tsuppressBlankEmpty = true\n\talgorithm = patience\n"
+              "\texternal = /bin/false\n\torderFile = /etc/hostname\n\tinterHunkContext = 50\n\tmnemonicPrefix = true\n"
+              "[color]\n\tui = always\n\tdiff = always\n[core]\n\tquotePath = true\n\tautocrlf = true\n"
+              "\tworktree = /tmp\n\tbigFileThreshold = 1\n\tattributesFile = /etc/hostname\n"
+              "[diff \"evil\"]\n\ttextconv = tr a-z A-Z\n")
+    # (an attribute or driver that marks *.py binary is not pinned: it only hides the agent's own edits,
+    # which are then dropped as binary sections and score 0)
+    calls = [("bash", {"command": f"printf '{config}' >> .git/config && printf '*.py diff=evil\\n' > .gitattributes"}),
+             ("bash", {"command": "mv stockroom/inventory.py stockroom/stock.py && "
+                                  "sed -i 's/stockroom.inventory/stockroom.stock/' stockroom/__init__.py"}),
+             ("edit_file", {"path": REORDER, "old": "quantity < item", "new": "quantity <= item"}),
+             ("submit", {})]
+    diff = run(_episode(task, calls))
+    assert "\x1b[" not in diff and "rename from" not in diff and "copy from" not in diff, diff
+    assert "Binary files" not in diff and "\r" not in diff
+    assert "deleted file mode 100644" in diff and "--- a/stockroom/inventory.py" in diff
+    assert "+++ b/stockroom/stock.py" in diff and "+++ b/stockroom/reorder.py" in diff
+    hunk = diff[diff.index("+++ b/stockroom/reorder.py"):].split("\n")[1:]
+    assert hunk[0].startswith("@@ -") and all(line[:1] in (" ", "+", "-", "@") for line in hunk[1:8]), hunk[:8]
+    filtered = filter_diff(diff)
+    assert filtered.tamper == [] and scan_diff(filtered.diff, prepare_snapshot(task), filtered.sections) == []
+    value, _, info = run(grade(inprocess_task, diff, bwrap))
+    assert value == 1.0, info
