@@ -528,7 +528,7 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:  # noqa: N802
         store = not isinstance(node.ctx, ast.Load)
-        if node.attr in ("format", "format_map") and id(node) not in self.called:
+        if node.attr in ("format", "format_map") and not store and id(node) not in self.called:
             self.flag(node, "dynamic_attribute", f".{node.attr} used as a value")  # its fields go unread
         root = self._chain_root(node.value)
         if root is not None and root.kind in ("third", "local") and node.attr in _INTERPRETER_NAMES:
