@@ -11,6 +11,7 @@ here, whatever SQL reaches it (the user's own SQL in `arlctl query` included).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import pyarrow as pa
@@ -51,7 +52,13 @@ def shard_dataset(shards: Sequence[str], with_filename: bool = True) -> ds.Datas
     if not shards:
         raise NoShardsError("(no paths)")
     filesystems: dict[str, FileSystem] = {}  # one pyarrow filesystem per fsspec protocol
-    opened = [_open(shard, filesystems) for shard in shards]
+    for shard in shards[:1]:
+        _filesystem(shard, filesystems)
+    if len(shards) < 8:
+        opened = [_open(shard, filesystems) for shard in shards]
+    else:  # footers are small reads, each a round trip on an object store: a few at a time
+        with ThreadPoolExecutor(max_workers=min(16, len(shards))) as pool:
+            opened = list(pool.map(lambda shard: _open(shard, filesystems), shards))
     schemas = [schema for _, _, schema in opened]
     try:
         schema = pa.unify_schemas(schemas, promote_options="permissive")
@@ -92,11 +99,7 @@ def connect_paths(*paths: str) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
 
 def _open(shard: str, filesystems: dict[str, FileSystem]) -> tuple[FileSystem, str, pa.Schema]:
     """(pyarrow filesystem, path in it, schema) of one shard."""
-    fs, path = get_fs(shard)
-    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    if protocol not in filesystems:
-        filesystems[protocol] = LocalFileSystem() if is_local(fs) else PyFileSystem(FSSpecHandler(fs))
-    arrow_fs = filesystems[protocol]
+    arrow_fs, path = _filesystem(shard, filesystems)
     try:
         with arrow_fs.open_input_file(path) as fh:
             schema = pq.read_schema(fh)
@@ -105,6 +108,15 @@ def _open(shard: str, filesystems: dict[str, FileSystem]) -> tuple[FileSystem, s
     except Exception as err:
         raise CorruptShardError(shard, _one_line(err)) from None
     return arrow_fs, path, schema.remove_metadata()
+
+
+def _filesystem(shard: str, filesystems: dict[str, FileSystem]) -> tuple[FileSystem, str]:
+    """(pyarrow filesystem, path in it) of a shard; one filesystem per protocol, kept in `filesystems`."""
+    fs, path = get_fs(shard)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    if protocol not in filesystems:
+        filesystems[protocol] = LocalFileSystem() if is_local(fs) else PyFileSystem(FSSpecHandler(fs))
+    return filesystems[protocol], path
 
 
 def _one_line(err: BaseException) -> str:

@@ -216,7 +216,7 @@ def train(v: RunViews) -> dict[str, Any] | None:
     if not v.has("train_metrics", "step"):
         return None
     table = v.table("train_metrics")
-    table = table.take(pc.sort_indices(table.column(table.column_names.index("step")), null_placement="at_end"))
+    table = table.take(pc.sort_indices(table.column(table.column_names.index("step"))))  # nulls last, as SQL
     names = table.column_names
     numeric = [c for c, f in zip(names, table.schema, strict=True) if _is_number(f.type) and c not in TRAIN_SKIP]
     numeric = [c for i, c in enumerate(numeric) if c not in numeric[:i]]  # one column per name

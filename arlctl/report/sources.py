@@ -99,7 +99,7 @@ class RunViews:
         source = "rewarded" if "rewarded" in self.views else "rollouts" if "rollouts" in self.views else None
         self.sample_view = source
         if source is not None:
-            self.con.register(SAMPLE_SOURCE, shard_dataset(files.shards[source]))
+            self.con.register(SAMPLE_SOURCE, self.datasets[source])  # the same dataset: footers read once
 
     def register_samples(self, shards: list[str]) -> None:
         """`sample_files`: the whole rows of these shards, without the reader's `filename` column."""

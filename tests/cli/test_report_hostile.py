@@ -229,3 +229,24 @@ def test_query_has_no_file_access_whatever_the_sql(shards, attack):
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "SQL error" in result.output, result.output
     assert files_under(root, root / "nothing") == before
+
+
+def test_the_report_connection_reaches_no_file(tmp_path):
+    """The connection the report queries through is sealed like `arlctl query`'s: what was registered is
+    all it reads, and no statement turns that back on."""
+    from arlctl.report.sources import RunViews, list_run
+
+    run, _ = plant_run(tmp_path)
+    views = RunViews(list_run(str(run)))
+    try:
+        assert views.rows("select count(*) as n from train_metrics") == [{"n": 3}]
+        for sql in (f"copy train_metrics to '{tmp_path / 'r-copy.csv'}' (format csv)",
+                    f"select * from read_parquet('{run}/metrics/*.parquet')", "select * from read_csv('/etc/passwd')",
+                    f"attach '{tmp_path / 'r-evil.db'}'", "install httpfs", "load httpfs",
+                    "set enable_external_access = true", "reset enable_external_access",
+                    "set lock_configuration = false"):
+            with pytest.raises(duckdb.Error):
+                views.rows(sql)
+    finally:
+        views.close()
+    assert not (tmp_path / "r-copy.csv").exists() and not (tmp_path / "r-evil.db").exists()
