@@ -35,6 +35,7 @@ from arlctl.io.fs import basename, get_fs, is_local, join
 from arlctl.io.ledger import LATEST, MANIFEST_DIR, STATE_FILE, VERSION_FILE
 from arlctl.io.run import RunLayout
 from arlctl.io.shards import read_shard, scan
+from arlctl.render import one_line
 
 # The audit reads checkpoints/, policy/ and the filter manifests itself instead of through arlctl/io/ledger.py
 # on purpose: it is the checker of the ledger, so a bug there must not hide from it. Only the names are shared.
@@ -83,7 +84,7 @@ def audit_run(run: str, drained: bool = True, latest_history: list[int] | None =
         listing = scan(rd.path(kind))
         report.shards[kind] = len(listing.shards)
         for stray in listing.strays:
-            problems.append(f"{kind}: visible non-shard file {basename(stray)}")
+            problems.append(f"{kind}: visible non-shard file {one_line(basename(stray))}")
         report.hidden_leftovers += _hidden_files(rd.path(kind))
         for url in listing.shards:
             try:
