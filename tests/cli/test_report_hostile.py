@@ -217,6 +217,14 @@ def _attacks(root: Path) -> dict[str, str]:
         "unlock the configuration": "set lock_configuration = false",
         "export the database": f"export database '{root / 'q-export'}'",
         "a second statement copies": f"select 1; copy (select 1) to '{root / 'q-second.csv'}'",
+        "list host files": "select * from glob('/etc/*')",
+        "read a host file as a blob": "select * from read_blob('/etc/hostname')",
+        "sniff a host file": "select * from sniff_csv('/etc/passwd')",
+        "fetch a URL": "select * from read_text('https://example.com/')",
+        "copy to a device": "copy (select 1) to '/dev/stdout'",
+        "widen the allowed directories": "set allowed_directories = ['/']",
+        "move the temp directory": f"set temp_directory = '{root / 'q-tmp'}'",
+        "store a secret": "create persistent secret s (type s3, key_id 'k', secret 's')",
     }
 
 
