@@ -24,6 +24,7 @@ from arlctl.render import plain
 
 # Human output goes to stderr so that stdout stays clean for --json / --csv (DESIGN.md §12).
 console = Console(stderr=True, highlight=False)
+MAX_STRAYS_SHOWN = 10  # stray file names listed in a "not read" warning (all are counted)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -10,11 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.common import MAX_STRAYS_SHOWN, console, handle_errors, print_json
 from arlctl.errors import TerminalError
 from arlctl.io.duck import connect
 from arlctl.io.shards import scan
-from arlctl.render import plain, terminal_safe
+from arlctl.render import one_line, plain
 
 HELP = """Run SQL over shards; the rows are visible as the view `trajectories`.
 
@@ -35,12 +35,16 @@ def gather_shards(paths: list[str]) -> list[str]:
     listed file with pyarrow), so it reads that run and not `runs/r1`.
     """
     shards: list[str] = []
+    strays: list[str] = []
     for path in paths:
         listing = scan(path)
-        for stray in listing.strays:
-            console.print(f"[yellow]warning:[/] not read (not a *.parquet shard name): {escape(terminal_safe(stray))}",
-                          soft_wrap=True)
+        strays.extend(listing.strays)
         shards.extend(listing.shards)
+    if strays:  # one warning, every name on one line (a planted newline or escape spelled out)
+        shown = ", ".join(one_line(stray) for stray in strays[:MAX_STRAYS_SHOWN])
+        more = f" and {len(strays) - MAX_STRAYS_SHOWN} more" if len(strays) > MAX_STRAYS_SHOWN else ""
+        console.print(f"[yellow]warning:[/] {len(strays)} file(s) not read (not a shard name): {escape(shown)}{more}",
+                      soft_wrap=True)
     if not shards:
         raise TerminalError(f"no shards found at {', '.join(paths)}", hint="shards are *.parquet files")
     return shards

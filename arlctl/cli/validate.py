@@ -5,12 +5,10 @@ from __future__ import annotations
 import typer
 from rich.markup import escape
 
-from arlctl.cli.common import console, handle_errors, print_json
+from arlctl.cli.common import MAX_STRAYS_SHOWN, console, handle_errors, print_json
 from arlctl.errors import CorruptShardError, TerminalError, UsageError
 from arlctl.io.shards import quarantine, read_shard, scan
 from arlctl.render import one_line, terminal_safe
-
-MAX_STRAYS_SHOWN = 10  # stray names listed in the warning (all are counted)
 
 HELP = """Check every shard (Parquet readable, trajectory schema, known version, token layout) and every value in it: token ids in [0, --vocab-size), masks in {0, 1}, finite log-probs <= 0, turn offsets inside the row, policy versions in [0, 10^9], finite rewards, advantages and weights (rule invalid_values). Exits 1 with one line per bad shard naming the rule and the first bad rows. --quarantine moves bad shards to `_quarantine/` beside them. A file not named like a shard (ASCII letters, digits and . _ = + - only, ending .parquet: no glob character, space, newline or escape) is never read; such files are counted in one warning.
 

@@ -182,6 +182,20 @@ def test_stray_names_are_never_read_and_never_reach_outputs_or_lineage(stray_run
     assert "\x1b" not in log and not any(line.startswith("ok.parquet") for line in log.splitlines()), log[-2000:]
 
 
+@pytest.mark.parametrize("command", [("query", "select count(*) as n from trajectories"), ("show", "real-0")])
+def test_query_and_show_name_newline_strays_in_one_warning(stray_run, command):
+    """query and show list the same strays as validate: one counted warning, every name on its one line."""
+    result = arlctl(*command, stray_run / "rollouts")
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stderr.decode()
+    warnings = [line for line in text.splitlines() if "not read" in line]
+    assert len(warnings) == 1 and f"{len(STRAY_NAMES)} file(s) not read" in warnings[0], text
+    for spelled in ("evil\\nok.parquet", "lf\\x0d.parquet", "tab\\t.parquet", "x\\x1b[2J.parquet"):
+        assert spelled in warnings[0], (spelled, warnings[0])
+    assert not any(line.startswith("ok.parquet") for line in text.splitlines()), text
+    assert "\x1b" not in text and "\r" not in text
+
+
 # ---------------------------------------------------------------------- 3. fleet add: the URL allowlist
 
 PASSWORD = "hunter2-s3cret"
