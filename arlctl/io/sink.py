@@ -67,7 +67,7 @@ class GroupShardWriter:
         When another caller's flush is already writing, this one does not wait for it: its group stays
         buffered for the next flush (the due check runs again on the next group, and flush() at the end).
         """
-        table = await _off_loop(_valid_table, rows)  # a bad group raises here, alone
+        table = await _off_loop(valid_table, rows)  # a bad group raises here, alone
         self._tables.append(table)
         due = len(self._tables) >= self.flush_groups or time.monotonic() - self._last_flush >= self.flush_seconds
         if due and not self._lock.locked():
@@ -89,18 +89,20 @@ class GroupShardWriter:
             rows = sum(t.num_rows for t in tables)
         else:
             url, lineage = join(self.out, shard_name(self.prefix)), self.lineage()
-            written, rows = await _off_loop(_write, tables, url, lineage)
+            written, rows = await _off_loop(write_tables, tables, url, lineage)
             self.written.append(written)
         del self._tables[: len(tables)]
         self.rows_written += rows
 
 
-def _valid_table(rows: list[TrajectoryRow]) -> pa.Table:
+def valid_table(rows: list[TrajectoryRow]) -> pa.Table:
+    """The rows as one validated table (a bad row raises here, before anything is written)."""
     table = rows_to_table(rows)
     validate(table)
     return table
 
 
-def _write(tables: list[pa.Table], url: str, lineage: Lineage) -> tuple[str, int]:
+def write_tables(tables: list[pa.Table], url: str, lineage: Lineage) -> tuple[str, int]:
+    """The tables as one shard at `url`: (the shard written, its rows)."""
     table = pa.concat_tables(tables)
     return write_shard(table, url, lineage), table.num_rows

@@ -29,9 +29,9 @@ from typing import Any
 import pyarrow as pa
 
 from arlctl.io.fs import join
-from arlctl.io.shards import Lineage, shard_name, write_shard
-from arlctl.schemas.rows import TrajectoryRow, rows_to_table
-from arlctl.schemas.trajectory import validate
+from arlctl.io.shards import Lineage, shard_name
+from arlctl.io.sink import valid_table, write_tables
+from arlctl.schemas.rows import TrajectoryRow
 
 DEFAULT_FLUSH_SESSIONS = 64
 DEFAULT_FLUSH_SECONDS = 10.0
@@ -59,7 +59,7 @@ class SessionBatcher:
 
     async def add(self, session: str, rows: list[TrajectoryRow]) -> None:
         """Validate one ended session's rows (raising here, alone, if the schema refuses them) and queue them."""
-        table = await self.offload(_valid_table, rows)
+        table = await self.offload(valid_table, rows)
         self.waiting.append(Waiting(session, table, time.monotonic()))
 
     def due(self) -> bool:
@@ -103,20 +103,9 @@ class SessionBatcher:
             rows = sum(t.num_rows for t in tables)
         else:
             url = join(self.out, shard_name(self.prefix))
-            written, rows = await self.offload(_write, tables, url, self.lineage())
+            written, rows = await self.offload(write_tables, tables, url, self.lineage())
             self.written.append(written)
         # Sessions that ended while the shard was written are behind the batch: they wait for the next one.
         del self.waiting[:len(batch)]
         self.rows_written += rows
         self.sessions_written += len(batch)
-
-
-def _valid_table(rows: list[TrajectoryRow]) -> pa.Table:
-    table = rows_to_table(rows)
-    validate(table)
-    return table
-
-
-def _write(tables: list[pa.Table], url: str, lineage: Lineage) -> tuple[str, int]:
-    table = pa.concat_tables(tables)
-    return write_shard(table, url, lineage), table.num_rows

@@ -178,28 +178,6 @@ def _unittest_rows(root: Path) -> list[dict]:
     return [unittest_row, opaque_row]
 
 
-def _unittest_rows(root: Path) -> list[dict]:
-    repo = root / "calc-repo"
-    (repo / "calc").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "calc" / "__init__.py").write_text("")
-    (repo / "calc" / "ops.py").write_text(BUGGY)
-    (repo / "tests" / "test_ratio.py").write_text(OLD_TESTS)
-    patch = _diff(repo, {"calc/ops.py": FIXED}, root / "scratch")
-    base = {"repo": "local/calc", "problem_statement": "clamp excludes hi; words splits on single spaces",
-            "repo_snapshot": str(repo), "patch": patch,
-            "PASS_TO_PASS": json.dumps(["tests/test_ratio.py::TestRatio::test_third",
-                                        "tests/test_ratio.py::TestRatio::test_zero"])}
-    unittest_row = {**base, "instance_id": "calc__unittest",
-                    "test_patch": _diff(repo, {"tests/test_clamp.py": NEW_TESTS}, root / "scratch"),
-                    "FAIL_TO_PASS": json.dumps(["tests/test_clamp.py::TestClamp::test_upper_bound",
-                                                "tests/test_clamp.py::TestClamp::test_words"])}
-    opaque_row = {**base, "instance_id": "calc__opaque",
-                  "test_patch": _diff(repo, {"tests/test_opaque.py": OPAQUE_TESTS}, root / "scratch"),
-                  "FAIL_TO_PASS": json.dumps(["tests/test_opaque.py::test_opaque"])}
-    return [unittest_row, opaque_row]
-
-
 @pytest.fixture(scope="module")
 def prepared(bases, bwrap, tmp_path_factory):
     """One real `arlctl swe prepare` over the five rows: (process, summary, input rows by id, output rows)."""
