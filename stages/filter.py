@@ -347,10 +347,12 @@ def _dedupe_actions(table, cfg, keep, groups, members, first, sample_index, inva
 def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
     import duckdb
 
+    from arlctl.io.duck import sealed
+
     rows = table.append_column("__row", pa.array(np.arange(table.num_rows), pa.int64()))
-    # The predicate sees the registered rows and nothing else: no file reads or writes (COPY ... TO),
-    # no extensions, and no SET that could turn that back on.
-    con = duckdb.connect(config={"enable_external_access": False, "lock_configuration": True})
+    # The predicate sees the registered rows and nothing else: a sealed connection has no file reads or
+    # writes (COPY ... TO), no extensions, and no SET that could turn that back on.
+    con = sealed()
     try:
         con.register("trajectories", rows)
         # The predicate is parsed as one expression over the registered rows (DuckDB's relational filter),

@@ -10,6 +10,7 @@ import typer
 
 from arlctl.cli.common import console, handle_errors, stop_on_signals
 from arlctl.errors import TerminalError, UsageError
+from arlctl.serve.batcher import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_SESSIONS
 from arlctl.serve.validation import DEFAULT_MAX_BODY_BYTES
 
 HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and Anthropic's Messages API (/v1/messages), streaming or not, and record each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces training data.
@@ -40,8 +41,8 @@ def register(app: typer.Typer) -> None:
         server: list[str] = typer.Option([], "--server", help="Upstream server URL (openai backend; repeatable)."),
         max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, "--max-body-bytes",
                                            help="Largest request body accepted (bigger: 413)."),
-        flush_sessions: int = typer.Option(64, "--flush-sessions", help="Ended sessions per shard."),
-        flush_seconds: float = typer.Option(10.0, "--flush-seconds",
+        flush_sessions: int = typer.Option(DEFAULT_FLUSH_SESSIONS, "--flush-sessions", help="Ended sessions per shard."),
+        flush_seconds: float = typer.Option(DEFAULT_FLUSH_SECONDS, "--flush-seconds",
                                             help="Commit a shard once its oldest ended session waited S seconds."),
         reply: list[str] = typer.Option([], "--reply", help="Answer with fixed text instead of a model (repeatable: "
                                         "turn i gets reply i); loads only --policy's tokenizer. For harness and "
