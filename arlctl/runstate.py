@@ -12,7 +12,10 @@ Definitions (the rollout daemon's backpressure uses the same numbers, see README
                a batches/ shard once the newest checkpoint's state.json lists it in consumed_batches.
   backlog      trajectories (rows) not yet trained: rows of unconsumed rollouts/ + rewarded/ + batches/
                shards, plus `in_flight` (rows a rollout process has started but not yet committed).
-               Rows the filter drops leave the backlog when the filter consumes their shard.
+               Rows the filter drops leave the backlog when the filter consumes their shard. With it:
+               `batch_shards` (batch shards waiting for the trainer: one optimizer step each) and
+               `rows_per_step` (rewarded rows the filter consumed per batch shard it wrote; None before
+               its first batch): what the rollout daemon projects a new group's lag at train time from.
   trainer_version   max(newest complete checkpoint step, version that policy/LATEST names).
   staleness    trained rows: (step - 1) - policy_version for a row trained at optimizer step `step` (the
                weights it updated had seen step - 1 batches; policy_version is the row's first, oldest
@@ -173,10 +176,14 @@ def backlog(run: str, cache: ShardCache | None = None, in_flight: int = 0) -> di
 
 
 def _backlog(scanned: dict[str, Any], cache: ShardCache, in_flight: int) -> dict[str, Any]:
-    counts = {name: _rows(d.waiting(), cache) for name, d in scanned["dirs"].items()}
+    dirs = scanned["dirs"]
+    counts = {name: _rows(d.waiting(), cache) for name, d in dirs.items()}
+    filtered = [u for u in dirs["rewarded"].shards if basename(u) in dirs["rewarded"].consumed]
+    batches = len(dirs["batches"].shards)
     return {**counts, "in_flight": in_flight, "total": sum(counts.values()) + in_flight,
             "trainer_version": scanned["trainer_version"], "policy_version": scanned["policy"]["version"],
-            "trainer_step": scanned["trainer"]["step"]}
+            "trainer_step": scanned["trainer"]["step"], "batch_shards": len(dirs["batches"].waiting()),
+            "rows_per_step": _rows(filtered, cache) / batches if batches else None}
 
 
 # --------------------------------------------------------------------------------------------- the state

@@ -1,7 +1,8 @@
 """Daemon policy of `arlctl rollout --watch`: follow the published policy, and hold back new groups.
 
 `PolicyFollower` reloads the policy at turn boundaries when RUN/policy/LATEST names a newer version;
-`Backpressure` is the gate before each new group (the untrained backlog and the trainer's lead).
+`Backpressure` is the gate before each new group (the untrained backlog, and the lag its rows will have
+when they are trained).
 The agent loop (stages/agent_loop.py) and the driver (stages/rollout.py) know nothing of either: the
 driver takes them as a turn hook and a before-group gate.
 """
@@ -68,14 +69,32 @@ class PolicyFollower:
         return str(path), loader.read_version(path)
 
 
+def projected_lag(state: dict, policy_version: int) -> tuple[int, int]:
+    """(lag at train time of a group that starts now at `policy_version`, optimizer steps queued in front of it).
+
+    A row's lag when trained is the version the trainer's weights are at then minus the row's policy version
+    (train's `row_lags`). The trainer is at `trainer_version`; before it reaches the new group it takes one
+    step per batch shard waiting for it, plus one per `rows_per_step` rows still upstream (waiting at reward
+    or filter, or in flight in this process): the rows the filter consumed per batch it wrote, so its drops
+    are counted. Before the filter's first batch that ratio is unknown and rows upstream count for nothing
+    (a guess could hold back the rows the first batch needs: a deadlock); train's --max-lag catches the rest.
+    `state` is arlctl.runstate.backlog's dict.
+    """
+    upstream = state["rollouts"] + state["rewarded"] + state["in_flight"]
+    per_step = state.get("rows_per_step")
+    queued = state.get("batch_shards", 0) + (int(upstream // per_step) if per_step else 0)
+    return state["trainer_version"] + queued - policy_version, queued
+
+
 class Backpressure:
     """The gate before each new group in daemon mode (README "Running as daemons").
 
     A group of G starts only when (1) backlog + G <= max_pending, where backlog is the untrained rows of
     the run (arlctl.runstate.backlog) plus the rows this process started but has not committed, so the
-    backlog never exceeds max_pending; and (2) trainer_version - policy.version <= max_staleness, where
-    trainer_version = max(newest checkpoint step, LATEST). While blocked it commits buffered groups at
-    every poll (so downstream can consume them), tries a reload, and logs each wait once.
+    backlog never exceeds max_pending; and (2) its projected lag at train time (`projected_lag`: the
+    trainer's version plus the steps queued in front of it, minus policy.version) <= max_staleness, so
+    rows are not generated only to be dropped as stale when their turn comes. While blocked it commits
+    buffered groups at every poll (so downstream can consume them), tries a reload, and logs each wait once.
     """
 
     def __init__(self, run: str, group_size: int, policy: Policy, in_flight: Callable[[], int],
@@ -101,7 +120,7 @@ class Backpressure:
         self.waited_s = {"backlog": 0.0, "staleness": 0.0}
         self.waits = {"backlog": 0, "staleness": 0}
         self.max_backlog = 0  # the largest backlog (new group included) this gate let through
-        self.max_staleness_started = 0  # the largest trainer_version - policy.version a group started at
+        self.max_staleness_started = 0  # the largest projected lag at train time a group started at
 
     async def wait(self) -> None:
         reason, since = None, time.monotonic()
@@ -130,15 +149,17 @@ class Backpressure:
             await self.follower.maybe_reload()  # a newer LATEST may clear the staleness bound
         state = await self._backlog(fresh)
         after = state["total"] + self.group_size
-        lag = state["trainer_version"] - self.policy.version
+        lag, queued = projected_lag(state, self.policy.version)
         if self.max_pending is not None and after > self.max_pending:
             return ("backlog", f"waiting: backlog {after} > max-pending {self.max_pending} "
                     f"(rollouts {state['rollouts']}, rewarded {state['rewarded']}, batches {state['batches']}, "
                     f"in flight {state['in_flight']}, next group {self.group_size})", after, lag)
         if self.max_staleness is not None and lag > self.max_staleness:
             how = "waiting for a newer policy/LATEST" if self.follower else "no policy directory to reload from"
-            return ("staleness", f"waiting: trainer version {state['trainer_version']} is {lag} ahead of policy "
-                    f"version {self.policy.version} > max-staleness {self.max_staleness} ({how})", after, lag)
+            return ("staleness", f"waiting: lag at train time would be {lag} > max-staleness {self.max_staleness} "
+                    f"(trainer version {state['trainer_version']} + {queued} steps queued in front of it - policy "
+                    f"version {self.policy.version}; {state.get('batch_shards', 0)} batch shards waiting; {how})",
+                    after, lag)
         return None, "", after, lag
 
     async def _backlog(self, fresh: bool) -> dict:

@@ -3,7 +3,8 @@ pipeline catches up, waits while the trainer is more than --max-staleness versio
 the published version. Staleness is observed through arlctl.runstate (what `arlctl status` shows).
 
 Bounds (README "Running as daemons"): a group starts only when backlog + G <= --max-pending, so the
-backlog of untrained rows never exceeds it; and only when trainer_version - policy_version <= K.
+backlog of untrained rows never exceeds it; and only when the lag its rows would have when trained
+(trainer_version + steps queued in front of the trainer - policy_version) <= K.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def test_rollout_halts_at_the_bound_and_resumes_when_train_catches_up(tmp_path):
         catch_up(run)
         state = run_state(run)
         assert state["trainer_step"] == 2 and state["backlog"]["total"] == 0
-        wait_until(lambda: "is 2 ahead of policy version 0 > max-staleness 1" in log.read_text(), log,
+        wait_until(lambda: "lag at train time would be 2 > max-staleness 1" in log.read_text(), log,
                    what="the staleness wait")
         time.sleep(1.5)
         assert run_state(run)["stages"]["rollout"]["output_rows"] == MAX_PENDING
