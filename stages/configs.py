@@ -107,6 +107,8 @@ class TrainConfig:
                                         "policy_version) exceeds this; counted in the step metrics.")
     lag_decay: float = setting(0.0, "With it, rows over --max-lag (every row without it) are kept at weight "
                                     "*= exp(-lag_decay * lag) instead of being left out.")
+    stale: str = setting("drop", "Rows over --max-lag: drop (left out of their step, counted as rows_dropped_stale) "
+                                 "| refuse (stop before their batch shard, unconsumed, and exit 1 naming it).")
     seed: int = setting(0, "Torch random seed of the invocation.")
     device: str = setting("auto", "auto (cuda when available) | cpu | cuda:N.")
     extra: dict[str, Any] = setting(help="Extra settings recorded with the checkpoint.", cli=False, factory=dict)
@@ -149,6 +151,11 @@ class TrainConfig:
             raise UsageError("--micro-tokens and --save-every must be >= 1")
         if self.max_lag is not None and self.max_lag < 0:
             raise UsageError(f"--max-lag must be >= 0, not {self.max_lag}")
+        if self.stale not in ("drop", "refuse"):
+            raise UsageError(f"--stale must be drop or refuse, not {self.stale!r}")
+        if self.stale == "refuse" and (self.max_lag is None or self.lag_decay):
+            raise UsageError("--stale refuse needs --max-lag and no --lag-decay",
+                             hint="the bound it refuses past is --max-lag; --lag-decay keeps stale rows instead")
         if self.keep_checkpoints < 0:
             raise UsageError("--keep-checkpoints must be >= 0 (0 keeps every checkpoint)")
         self._check_numbers()

@@ -39,7 +39,9 @@ the row's policy_version (arlctl/rl/batching.py `row_lags`). `--max-lag L` leave
 (`rows_dropped_stale`); with `--lag-decay D` those rows (every row without --max-lag) are kept at
 weight *= exp(-D * lag) instead (`rows_decayed_stale`). A batch whose every row is stale is consumed
 without an optimizer step and with a warning (`skipped_stale`). `filter --max-lag` still drops stale rows
-earlier; this rule catches the rows that aged while they waited in batches/.
+earlier; this rule catches the rows that aged while they waited in batches/. With `--stale refuse` a batch
+holding a row past --max-lag is not trained at all: train checkpoints what it trained before it and exits
+1 naming the shard, which stays unconsumed. A recipe's `max-staleness: S` sets --max-lag S (arlctl up).
 Each event is a warning in the step's metrics (`errors`, `last_error`: what `arlctl status` shows) and in
 the checkpoint's state.json under `bad_values`, and is counted in the summary.
 
@@ -263,11 +265,13 @@ def apply_staleness(batch: pa.Table, version: int | None, cfg: TrainConfig) -> t
     stats: dict[str, Any] = {"policy_version": -1 if version is None else version,
                              "mean_lag": sum(lags) / len(lags) if lags else 0.0, "max_lag": max(lags, default=0),
                              "rows_dropped_stale": 0, "rows_decayed_stale": 0}
+    stats.update(_trained_lags(lags))
     if version is None or (cfg.max_lag is None and not cfg.lag_decay):
         return batch, stats
     over = [lag > (cfg.max_lag or 0) for lag in lags]
     if not cfg.lag_decay:
         stats["rows_dropped_stale"] = sum(over)
+        stats.update(_trained_lags([lag for lag, o in zip(lags, over, strict=True) if not o]))
         return batch.filter(pa.array([not o for o in over], pa.bool_())), stats
     # Down-weight instead of dropping; a null weight means 1 (collate), so it becomes the factor itself.
     weights = batch.column("weight").to_pylist()
@@ -277,6 +281,25 @@ def apply_staleness(batch: pa.Table, version: int | None, cfg: TrainConfig) -> t
     i = batch.schema.get_field_index("weight")
     field_ = batch.schema.field(i)
     return batch.set_column(i, field_, pa.array(decayed, field_.type)), stats
+
+
+def _trained_lags(lags: list[int]) -> dict[str, Any]:
+    """The lags of the rows that enter the loss (mean_lag and max_lag are of the whole batch, dropped rows
+    included): what a staleness bound promises, what the dashboard shows as lag at train time."""
+    return {"max_lag_trained": max(lags, default=0), "mean_lag_trained": sum(lags) / len(lags) if lags else 0.0}
+
+
+def stale_refusal(batch: pa.Table, version: int, cfg: TrainConfig, url: str) -> str | None:
+    """With --stale refuse: why the batch shard at `url` may not be trained at `version`, else None."""
+    if cfg.stale != "refuse" or cfg.max_lag is None or not batch.num_rows:
+        return None
+    lags = row_lags(batch, version)
+    over = sum(lag > cfg.max_lag for lag in lags)
+    if not over:
+        return None
+    return (f"batch shard {basename(url)}: {over} of {batch.num_rows} rows would be trained {max(lags)} versions "
+            f"after the version that generated them (trainer version {version}), past --max-lag {cfg.max_lag}; "
+            f"--stale refuse stops before it")
 
 
 def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any, batch: pa.Table,
@@ -433,13 +456,17 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     history: list[dict[str, float]] = []
     saved_at, save_s = step, 0.0
     last_url = todo[0]
+    refusal = None
     for url in todo:
         if d.any(stop is not None and stop.is_set()):  # a step boundary on every rank at once
             break
-        last_url = url
         batch = read_shard(url, bad_values="keep")  # bad rows are dropped, counted, by train_step
         if cfg.loss != "sft" and batch.column("advantage").null_count:  # sft reads no advantage
             raise TerminalError(f"{url} has rows without an advantage", hint="batch shards come from `arlctl filter`")
+        refusal = stale_refusal(batch, step, cfg, url)  # every rank reads the same batch: they agree
+        if refusal is not None:
+            break
+        last_url = url
         metrics = train_step(trainer.module, trainer.ref, trainer.optimizer, trainer.scheduler, batch, cfg,
                              version=step, trainer=trainer, estimator=estimators.lineage_estimator(read_lineage(url)))
         step += 1
@@ -460,11 +487,13 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
             saved_at = step
 
     if not history:  # stopped before the first step: nothing new to save or report
+        _refuse(refusal)
         return summary
     # 4. Leave the state where a restart finds it: a full checkpoint at the end (a weights-only one between
     #    --watch cycles when --publish-every is set: the trainer in memory holds the rest).
     if step != saved_at or (not keep and trainer.last_full != step):
         save_s += _save(trainer, ckpt_dir, last_url, policy, full=not (keep and cfg.publish_every))
+    _refuse(refusal)
     events = [e for e in ledger.events if e["step"] > int(state["step"])]  # this invocation's
     return {
         **summary, "steps": len(history), "step": step, "save_s": save_s,
@@ -475,6 +504,12 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         "rows_dropped_invalid": sum(h["rows_dropped_invalid"] for h in history), "bad_value_events": events,
         **_stale_summary(history),
     }
+
+
+def _refuse(refusal: str | None) -> None:
+    if refusal is not None:
+        raise TerminalError(refusal, hint="the shard stays unconsumed; --stale drop trains its other rows and "
+                                          "counts the stale ones (rows_dropped_stale)")
 
 
 def finish(ckpt_dir: str, policy: str | None = None) -> float:
@@ -596,7 +631,7 @@ def _save(trainer: TrainerState, ckpt_dir: str, last_url: str, policy: str | Non
 
 
 COUNT_METRICS = ("errors", "rows_dropped_invalid", "skipped_nonfinite", "rows_dropped_stale", "rows_decayed_stale",
-                 "skipped_stale", "max_lag", "policy_version")  # integers in the metrics rows
+                 "skipped_stale", "max_lag", "max_lag_trained", "policy_version")  # integers in the metrics rows
 
 
 def _write_metrics(metrics_url: str, step: int, batch_name: str, metrics: dict[str, Any]) -> None:
