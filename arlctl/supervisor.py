@@ -11,6 +11,10 @@ A recipe (YAML) names the run directory and, per stage, its worker count and its
       sync:    {}
       eval:    {args: {policy: default, tasks: "builtin:math?n=200&seed=999", greedy: true, every: 5}}
 
+A top-level `max-staleness: S` bounds the whole pipeline: no row is trained more than S versions after the
+version that generated it. It sets rollout's --max-staleness (backpressure on the projected lag at train
+time) and train's --max-lag (rows past it dropped, counted); a stage value looser than S is an error.
+
 `eval` is a side stage: `arlctl eval --watch` evaluates every N-th published policy version into RUN/evals
 (arlctl/stages/eval_job.py); no pipeline stage reads what it writes, and a drained pipeline does not wait on it.
 
@@ -59,7 +63,11 @@ USAGE_EXIT = 2  # the CLI's exit code for a usage error (arlctl.errors.UsageErro
 RESERVED = {"run": "the recipe's `run:`", "watch": "`mode:`", "worker": "`workers:`", "json": "nothing (logs are text)",
             "help": "nothing", "dry-run": "nothing (daemons must commit)"}
 STAGE_KEYS = {"workers", "args", "mode", "interval_s", "env"}
-TOP_KEYS = {"run", "stages", "logs", "env", "restart", "stop_grace_s", "refresh_s", "command"}
+TOP_KEYS = {"run", "stages", "logs", "env", "restart", "stop_grace_s", "refresh_s", "command", "max-staleness"}
+# A recipe's `max-staleness: S` (no row trained more than S versions after the version that generated it)
+# sets these stage options, each of which may be given tighter but never looser.
+STALENESS_OPTIONS = {"rollout": "max-staleness", "train": "max-lag"}
+CHECKED_STALENESS_OPTIONS = {**STALENESS_OPTIONS, "filter": "max-lag"}
 RESTART_KEYS = {"backoff_start_s", "backoff_cap_s", "healthy_after_s"}
 # A log line that reports a failure (not a counter such as "0 errors" or "env_errors").
 # Bounds on every number a recipe sets, checked at load: finite, and within what a supervisor can mean.
@@ -116,10 +124,22 @@ def load_recipe(path: str, run: str | None = None) -> Recipe:
     except FileNotFoundError:
         raise UsageError(f"recipe {path} not found", hint="e.g. arlctl up recipes/math_daemons.yaml") from None
     except yaml.YAMLError as err:
-        raise UsageError(f"recipe {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        raise UsageError(f"recipe {_yaml_where(path, err)} is not valid YAML: {_yaml_problem(err)}") from None
     if run and isinstance(data, dict):
         data["run"] = run
     return parse_recipe(data, source=path)
+
+
+def _yaml_where(path: str, err: Any) -> str:
+    """`path:line:column` of a YAML error (1-based, as editors count), or the path when YAML gives no mark."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+
+
+def _yaml_problem(err: Any) -> str:
+    parts = [getattr(err, "problem", None), getattr(err, "context", None)]
+    text = "; ".join(p for p in parts if p) or str(err).splitlines()[0]
+    return " ".join(text.split())
 
 
 def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
@@ -144,6 +164,8 @@ def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
                        hint=_suggest(str(name), RECIPE_STAGES) or f"stages are {', '.join(RECIPE_STAGES)}")
         stages.append(_parse_stage(name, {} if raw is None else raw, fail))
     stages.sort(key=lambda s: RECIPE_STAGES.index(s.name))
+    if "max-staleness" in data:
+        _apply_staleness(data["max-staleness"], stages, fail)
     restart_raw = data.get("restart") or {}
     if not isinstance(restart_raw, dict):
         raise fail("`restart:` must be a mapping")
@@ -169,6 +191,29 @@ def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
         for i in range(spec.workers):
             stage_argv(recipe, spec, i)
     return recipe
+
+
+def _apply_staleness(bound: Any, stages: list[StageSpec], fail: Callable[..., UsageError]) -> None:
+    """`max-staleness: S` feeds rollout's --max-staleness (its backpressure) and train's --max-lag (the rows
+    past the bound are dropped when their step comes); an explicit value looser than S, or train's
+    --lag-decay (which keeps rows past --max-lag), would break the bound and is an error."""
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+        raise fail(f"max-staleness must be an integer >= 0 (versions), not {bound!r}")
+    for spec in stages:
+        option = CHECKED_STALENESS_OPTIONS.get(spec.name)
+        if option is None:
+            continue
+        given = spec.args.get(option)
+        if given is not None:
+            _check_type(f"recipe: stage {spec.name}: --{option}", given, int)
+            if int(given) > bound:
+                raise fail(f"stage {spec.name}: --{option} {given} is looser than the recipe's max-staleness {bound}",
+                           hint=f"drop it (max-staleness sets it) or give at most {bound}")
+        elif spec.name in STALENESS_OPTIONS:
+            spec.args[option] = bound
+        if spec.name == "train" and spec.args.get("lag-decay"):
+            raise fail(f"stage train: --lag-decay keeps rows past --max-lag, so max-staleness {bound} would not hold",
+                       hint="drop lag-decay (filter's decay weighs rows by their lag within the bound)")
 
 
 def _parse_stage(name: str, raw: Any, fail: Callable[..., UsageError]) -> StageSpec:

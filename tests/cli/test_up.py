@@ -67,6 +67,43 @@ def test_recipe_file_errors_and_run_override(tmp_path):
     assert load_recipe(str(path), run=str(tmp_path / "other")).run == str(tmp_path / "other")
 
 
+def test_recipe_max_staleness_feeds_rollout_and_train(tmp_path):
+    r = parse_recipe({**recipe(tmp_path, rollout={"args": {"env": "math", "policy": "tiny"}},
+                               filter={"args": {"max-lag": 1}}, train={"args": {"policy": "tiny"}}),
+                      "max-staleness": 2})
+    assert stage_argv(r, r.stage("rollout"), 0)[-2:] == ["--max-staleness", "2"]
+    assert stage_argv(r, r.stage("train"), 0)[-2:] == ["--max-lag", "2"]
+    assert stage_argv(r, r.stage("filter"), 0)[-2:] == ["--max-lag", "1"]  # tighter: kept as given
+
+
+@pytest.mark.parametrize("stages, message", [
+    ({"rollout": {"args": {"max-staleness": 3}}}, "stage rollout: --max-staleness 3 is looser than the recipe's max-staleness 2"),
+    ({"train": {"args": {"max-lag": 5}}}, "stage train: --max-lag 5 is looser"),
+    ({"filter": {"args": {"max-lag": 3}}}, "stage filter: --max-lag 3 is looser"),
+    ({"train": {"args": {"lag-decay": 0.1}}}, "--lag-decay keeps rows past --max-lag"),
+])
+def test_up_rejects_a_bound_looser_than_max_staleness(tmp_path, stages, message):
+    from typer.testing import CliRunner
+
+    from arlctl.cli.main import app
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**recipe(tmp_path, **stages), "max-staleness": 2}))
+    result = CliRunner().invoke(app, ["up", str(path), "--check"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "run").exists()  # nothing started, nothing created
+
+
+def test_recipe_yaml_error_names_line_and_column(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("run: runs/x\nstages:\n  sync: {args: {poll: 2}\n  train: {}\n")
+    with pytest.raises(UsageError) as info:
+        load_recipe(str(path))
+    assert re.search(rf"recipe {re.escape(str(path))}:4:\d+ is not valid YAML: expected ',' or '}}'", str(info.value)), \
+        str(info.value)
+
+
 def test_shipped_recipe_is_valid():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = load_recipe(os.path.join(root, "recipes", "math_daemons.yaml"))
