@@ -326,14 +326,14 @@ class SyncConfig:
 # long name -> type (bool: a flag, "x/no-x" a flag with its negation; list: repeatable). With its config's
 # fields they are the command's whole vocabulary: `arlctl up` checks a recipe against both without loading
 # the CLI, and tests/cli/test_options.py fails if a command and these disagree.
-_RUNS = {"run": str, "watch": bool, "poll": float, "lock-wait": float, "json": bool, "dry-run": bool}
+_RUNS = {"run": str, "watch": bool, "poll": float, "lock-wait": float, "json": bool, "dry-run": bool, "quiet": bool}
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "rollout": {**_RUNS, "out": str, "env": str, "tasks": list, "env-mix": str, "chat-template-kwargs": list,
                 "max-error-frac": float, "policy": str, "backend": str, "server": list, "limit": int,
                 "top-up": bool, "max-top-up": int, "max-batch": int, "flush-groups": int, "flush-seconds": float,
                 "prefix": str, "env-opt": list, "backend-opt": list, "sandbox": str, "sandboxes": int,
                 "insecure-sandbox": bool, "max-epochs": int, "max-pending": int, "max-staleness": int,
-                "worker": str, "quiet": bool, "servers-file": str, "docker-host": list},
+                "worker": str, "servers-file": str, "docker-host": list},
     "reward": {**_RUNS, "in": str, "out": str, "worker": str},
     "filter": {**_RUNS, "in": str, "out": str, "metrics": str, "policy-dir": str, "ckpt-dir": str,
                "current-version": int, "quarantine": bool},
@@ -341,7 +341,7 @@ COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
     "sync": {**_RUNS, "ckpt": str, "policy-dir": str},
     "eval": {**_RUNS, "out": str, "name": str, "policy": str, "tasks": list, "env": str, "env-opt": list,
              "limit": int, "backend": str, "backend-opt": list, "server": list, "max-batch": int, "compare": str,
-             "force": bool, "quiet": bool},  # --compare takes two versions: a one-shot option, never a recipe's
+             "force": bool},  # --compare takes two versions: a one-shot option, never a recipe's
 }
 
 

@@ -8,12 +8,11 @@ import os
 import typer
 
 from arlctl import __version__
+from arlctl.cli.help import use_help_format
 
 HELP = """arlctl: agentic reinforcement learning as composable, crash-safe stages over Parquet shards.
 
 Stages read and write one fixed trajectory schema, so they run one after another, from a shell loop or cron, or as daemons watching directories.
-
-Examples:
 
   arlctl query "select env, avg(reward) from trajectories group by 1" RUN/rewarded
 
@@ -50,6 +49,7 @@ def _root(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"arlctl.cli.{_name}").register(app)
+use_help_format(app)  # examples verbatim, flags as flags, panels (arlctl/cli/help.py)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from arlctl.cli.common import console
 from arlctl.settings import cli_fields, field_default, field_types, flag_of
 
 WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM/SIGINT."
@@ -34,6 +35,31 @@ PollOpt = Annotated[float, typer.Option("--poll", help=POLL_HELP)]
 LockWaitOpt = Annotated[float, typer.Option("--lock-wait", help=LOCK_WAIT_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would happen; write nothing.")]
+QUIET_HELP = "Print nothing on stderr but errors (the exit code and --json are unchanged)."
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)]
+
+
+# The option panels of a big command's --help (arlctl/cli/help.py), keyed by parameter name: each name is
+# declared in one panel, the same panel in every command; a name in none stays under "Options".
+PANELS: dict[str, tuple[str, ...]] = {
+    "Input and output": ("run", "in_", "in_url", "out", "out_url", "metrics", "tasks", "env", "env_mix", "env_opt",
+                         "limit", "prefix", "name", "policy_dir", "ckpt_dir", "current_version", "reward",
+                         "reward_opt", "cache", "no_cache", "cache_flush_s", "quarantine"),
+    "Policy and inference": ("policy", "backend", "backend_opt", "server", "servers_file", "max_batch",
+                             "chat_template_kwargs", "tool_format", "history", "teacher", "device"),
+    "Sampling": ("group_size", "samples", "greedy", "temperature", "top_p", "seed", "max_turns", "max_tokens",
+                 "max_new_tokens", "max_obs_tokens", "correct_at", "every", "compare", "force"),
+    "Sandbox": ("sandbox", "sandboxes", "insecure_sandbox", "docker_host"),
+    "Limits": ("concurrency", "reward_concurrency", "step_timeout", "trajectory_timeout", "max_error_frac",
+               "top_up", "max_top_up", "flush_groups", "flush_seconds"),
+    "Daemon": ("watch", "poll", "lock_wait", "worker", "max_epochs", "max_pending", "max_staleness", "max_lag",
+               "lag_decay", "resume", "nproc"),
+    "Optimizer and checkpoints": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cosine_steps", "grad_clip",
+                                  "micro_tokens", "precision", "strategy", "offload", "grad_checkpoint",
+                                  "lora_rank", "lora_alpha", "lora_targets", "publish_every", "publish_dtype",
+                                  "publish_format", "save_every", "keep_checkpoints", "max_steps"),
+}
+PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 
 
 def config_parameters(config: type, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
@@ -53,7 +79,9 @@ def config_parameters(config: type, skip: tuple[str, ...] = ()) -> list[inspect.
 def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = ()) -> Callable:
     """Decorate a command `fn(cfg: XConfig, <its own options>)`: its options become the command's own plus
     one per field of `config` (names, types, defaults and help from the dataclass), and `fn` receives the
-    built config object as `param`. Fields in `skip` are left at their default, not options."""
+    built config object as `param`. Fields in `skip` are left at their default, not options. A command that
+    declares no `quiet` of its own gets -q/--quiet here: stderr's console is silent while `fn` runs (errors
+    are printed after it, by handle_errors)."""
 
     def decorate(fn: Callable) -> Callable:
         own = [_resolved(fn, p) for name, p in inspect.signature(fn).parameters.items() if name != param]
@@ -63,13 +91,22 @@ def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = 
         if clash:
             raise TypeError(f"{fn.__name__}: options {sorted(clash)} are both config fields and own options")
 
+        adds_quiet = "quiet" not in {p.name for p in own}
+
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
+            quiet = kwargs.pop("quiet") if adds_quiet else False
             values = {name: kwargs.pop(name) for name in names if name in kwargs}
             values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}  # click: tuples
-            return fn(**kwargs, **{param: config(**values)})
+            loud = console.quiet
+            console.quiet = loud or quiet
+            try:
+                return fn(**kwargs, **{param: config(**values)})
+            finally:
+                console.quiet = loud
 
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + derived
+        quiet_param = inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=QuietOpt)
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [quiet_param] * adds_quiet + derived
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
         del command.__wrapped__  # Typer must read __signature__, not the undecorated function
