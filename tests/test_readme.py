@@ -1,7 +1,9 @@
 """Docs are tests, in both directions.
 
-Every `arlctl COMMAND` a README ```bash block shows exists and its `--help` carries an example, and every
-command the Typer app registers (groups' subcommands included) appears in a README ```bash block.
+Every `arlctl COMMAND` a ```bash block of the README or a docs/ page shows exists and its `--help` carries an
+example, and every command the Typer app registers (groups' subcommands included) appears in such a block.
+The README is a front page (at most ~250 lines); the rest lives in docs/ (tests/test_docs.py checks every
+example's options too).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from typer.testing import CliRunner
 
 from arlctl.cli.main import app
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOC_PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+FRONT_PAGE_MAX_LINES = 250
 
 # `arlctl WORD [WORD]` at the start of a line; the second word only counts where the first is a group.
 _INVOCATION = re.compile(r"^\s*arlctl ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?", flags=re.M)
@@ -50,7 +55,9 @@ def _groups(commands: set[tuple[str, ...]]) -> set[str]:
 
 
 def readme_commands() -> set[tuple[str, ...]]:
-    return bash_invocations(README.read_text(), _groups(registered_commands()))
+    """The command paths the README and the docs/ pages show in ```bash blocks."""
+    groups = _groups(registered_commands())
+    return set().union(*(bash_invocations(page.read_text(), groups) for page in DOC_PAGES))
 
 
 def help_examples(help_text: str, path: tuple[str, ...]) -> list[str]:
@@ -83,7 +90,7 @@ def test_every_registered_command_is_in_a_readme_bash_block():
         for path in registered
         if path not in shown and not (len(path) == 1 and path[0] in groups and path[0] in shown_groups)
     )
-    assert not missing, f"commands with no example in a README ```bash block: {missing}"
+    assert not missing, f"commands with no example in a README or docs/ ```bash block: {missing}"
 
 
 def test_the_two_directions_catch_a_missing_and_an_unknown_command():
@@ -108,3 +115,23 @@ def test_help_examples_ignore_the_usage_line():
 def test_readme_starts_with_the_two_setup_commands():
     text = README.read_text()
     assert text.index("make demo") < text.index("make test") < text.index("## ")
+
+
+def test_readme_is_a_front_page_that_links_every_docs_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= FRONT_PAGE_MAX_LINES
+    assert "## The loop" in text and "## Where to read on" in text
+    for page in DOC_PAGES[1:]:
+        assert f"](docs/{page.name})" in text, f"README does not link docs/{page.name}"
+    # the loop's five stages are shown on the front page itself
+    loop = bash_invocations(text, _groups(registered_commands()))
+    assert {("rollout",), ("reward",), ("filter",), ("train",), ("sync",)} <= loop
+
+
+def test_docs_links_resolve():
+    # pages moved out of the README link relative to docs/: a link to a file that is not there is a moved fact lost
+    for page in DOC_PAGES:
+        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}, which does not exist"
