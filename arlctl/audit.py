@@ -6,6 +6,9 @@
              no visible name in them is anything but a committed *.parquet (temp files are dot-names);
              checkpoints/ and policy/ hold only complete step-NNNNNN/ and vNNNNNN/ directories (+ LATEST)
   lineage    every trajectory id appears in exactly one rollout shard; rewarded/ holds the same ids
+  units      every (group, sample index) -- a group is one task in one epoch -- has at most one trajectory
+             that is not `aborted`, across every rollout shard (a resumed rollout completes only what was
+             not written); a group's rows all name one task
   once       every rollout trajectory is in exactly one batch that the newest checkpoint consumed, or is
              recorded as dropped by a named filter rule in a *finished* filter invocation's audit
              (RUN/metrics/filter-<invocation>.parquet with a manifest in batches/_filter/), never both;
@@ -48,6 +51,8 @@ class AuditReport:
     drained: bool
     shards: dict[str, int] = field(default_factory=dict)  # visible shards per directory
     trajectories: int = 0  # rollout trajectory ids
+    units: int = 0  # (group, sample index) pairs with a trajectory that is not aborted
+    aborted: int = 0  # rollout trajectories ended aborted (their units may be completed by a re-run)
     trained: int = 0  # ids in consumed batches
     dropped: dict[str, int] = field(default_factory=dict)  # ids dropped, by rule
     in_flight: int = 0  # ids neither trained nor dropped (only allowed when not drained)
@@ -106,6 +111,7 @@ def audit_run(run: str, drained: bool = True, latest_history: list[int] | None =
             rollout_ids[tid] = name
             rows.append(row)
     report.trajectories = len(rollout_ids)
+    _check_units(rows, report)
     for name, table in tables["rewarded"].items():
         if name not in tables["rollouts"]:
             problems.append(f"rewarded/{name} has no rollout shard of the same name")
@@ -177,11 +183,31 @@ def audit_run(run: str, drained: bool = True, latest_history: list[int] | None =
 
 
 _COLUMNS = {
-    "rollouts": ["trajectory_id", "group_id", "policy_version", "policy_version_last", "turns", "started_at",
-                 "finished_at"],
+    "rollouts": ["trajectory_id", "group_id", "sample_index", "task_id", "status", "policy_version",
+                 "policy_version_last", "turns", "started_at", "finished_at"],
     "rewarded": ["trajectory_id", "reward"],
     "batches": ["trajectory_id", "advantage", "weight"],
 }
+
+
+def _check_units(rows: list[dict[str, Any]], report: AuditReport) -> None:
+    """Exactly once per unit: one non-aborted trajectory per (group, sample index); one task per group."""
+    unit_owner: dict[tuple[str, int], str] = {}
+    group_task: dict[str, str] = {}
+    aborted: set[str] = set()
+    for row in rows:
+        gid, tid = row["group_id"], row["trajectory_id"]
+        task = group_task.setdefault(gid, row["task_id"])
+        if task != row["task_id"]:
+            report.problems.append(one_line(f"group {gid} holds two tasks ({task!r}, {row['task_id']!r})"))
+        if row["status"] == "aborted":
+            aborted.add(tid)
+            continue
+        owner = unit_owner.setdefault((gid, row["sample_index"]), tid)
+        if owner != tid:  # per-turn rows of one trajectory share the unit; another trajectory does not
+            report.problems.append(one_line(f"group {gid} sample {row['sample_index']} (task {row['task_id']!r}) "
+                                            f"was rolled out twice: trajectories {owner} and {tid}"))
+    report.units, report.aborted = len(unit_owner), len(aborted)
 
 
 def _hidden_files(url: str) -> int:

@@ -8,6 +8,11 @@ from stages/rollout_daemon.py. Every row records where its env ran (env_info, sc
 optional env_info(), read before the env closes, whatever the status); a member topped up after an
 env_error lists the attempts it replaced, and where they ran, under `replaced_from`.
 
+Re-runs resume per sample: a group's id is derived from the configuration's hash, the task and the epoch
+(`Resume.group_id`), so a re-run with the same arguments names the same groups, skips the (group, sample)
+units an earlier invocation committed (arlctl/io/ledger.py `written_samples`) and rolls out only the rest,
+whose rows join the group they belong to (seeds are per task and sample already: the same draws).
+
 The names other modules import from here (RolloutConfig, Stats, parquet_safe, ...) are re-exported from
 the modules that own them.
 """
@@ -15,8 +20,10 @@ the modules that own them.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from arlctl.envs.base import Env, as_env
@@ -40,8 +47,8 @@ from arlctl.stages.agent_loop import (
 from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
 
 __all__ = [
-    "Backpressure", "BadGeneration", "GroupAborted", "PolicyFollower", "RolloutConfig", "Stats", "check_generation",
-    "parquet_safe", "parquet_safe_value", "rollout", "run_group", "safe_row", "vocab_size",
+    "Backpressure", "BadGeneration", "GroupAborted", "PolicyFollower", "Resume", "RolloutConfig", "Stats",
+    "check_generation", "parquet_safe", "parquet_safe_value", "rollout", "run_group", "safe_row", "vocab_size",
 ]
 
 GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
@@ -59,33 +66,66 @@ START_MAX_WAITS = 20
 
 EnvChooser = Callable[[str], Callable[[], Env]]  # env name -> factory (per-row `env`, --env-mix)
 
+GROUP_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "arlctl:rollout-group")
+
+
+@dataclass
+class Resume:
+    """Which (group, sample) units a rollout still has to run, and how many it skipped.
+
+    key: the configuration's hash; without one (a Python caller that resumes nothing) a random key, so
+    group ids stay unique per invocation. written: group_id -> sample indices already committed.
+    """
+
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    written: dict[str, set[int]] = field(default_factory=dict)
+    samples_skipped: int = 0
+    groups_skipped: int = 0  # groups with every sample written: not started at all
+
+    def group_id(self, task: Any, epoch: int, occurrence: int) -> str:
+        """The group of `task` in `epoch`; occurrence tells apart a task id listed twice in one pass."""
+        task_id = str(task.get("task_id", "")) if isinstance(task, dict) else repr(task)
+        return str(uuid.uuid5(GROUP_NAMESPACE, json.dumps([self.key, task_id, epoch, occurrence])))
+
+    def samples_left(self, group_id: str, group_size: int) -> list[int]:
+        written = self.written.get(group_id, set())
+        left = [i for i in range(group_size) if i not in written]
+        self.samples_skipped += group_size - len(left)
+        self.groups_skipped += not left
+        return left
+
 
 async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[[], Env], codec: ChatCodec,
                     cfg: RolloutConfig, stats: Stats, slots: asyncio.Semaphore,
                     turn_hook: Callable[[], Awaitable[None]] | None = None, epoch: int = 0,
-                    env_for: EnvChooser | None = None) -> list[TrajectoryRow]:
+                    env_for: EnvChooser | None = None, group_id: str | None = None,
+                    samples: list[int] | None = None) -> list[TrajectoryRow]:
     """The G samples of one task; a group is always returned whole (aborted members included).
 
     env_for: when given, the group runs the env named by the task's own "env" field (cfg.env if it has
     none); an env that cannot be made ends the group's rows as env_error with the cause.
+    group_id, samples: the group's id and the sample indices still to run (a resumed group); default a
+    fresh id and all of 0..G-1.
     """
-    group_id = str(uuid.uuid4())
+    group_id = group_id or str(uuid.uuid4())
+    samples = list(range(cfg.group_size)) if samples is None else samples
     env_name = str(task.get("env") or cfg.env) if env_for is not None else cfg.env
-    trajs = [Trajectory(task, group_id, i, env_name, policy, epoch) for i in range(cfg.group_size)]
+    trajs = [Trajectory(task, group_id, i, env_name, policy, epoch) for i in samples]
     top_ups_left = [cfg.max_top_up]
 
-    async def member(index: int) -> TrajectoryRow:
+    async def member(position: int) -> TrajectoryRow:
         """One sample; while it ends env_error (an infrastructure failure) and the group's top-up budget
         lasts, it is run again from scratch with a new seed, so the group stays at G usable rows."""
-        row = await one(trajs[index])
+        row = await one(trajs[position])
         earlier: list[dict[str, Any]] = []  # where the attempts given up ran (env_info replaced_from)
         while row.status == "env_error" and top_ups_left[0] > 0:
             top_ups_left[0] -= 1
             stats.top_ups += 1
+            attempt = trajs[position].attempt
             if row.env_info is not None:
-                earlier.append({**row.env_info, "cause": "env_error", "attempt": trajs[index].attempt})
-            trajs[index] = Trajectory(task, group_id, index, env_name, policy, epoch, trajs[index].attempt + 1)
-            row = await one(trajs[index])
+                earlier.append({**row.env_info, "cause": "env_error", "attempt": attempt})
+            trajs[position] = Trajectory(task, group_id, samples[position], env_name, policy, epoch, attempt + 1)
+            row = await one(trajs[position])
         if earlier and row.env_info is not None:  # the member moved: say from where, oldest first
             row.env_info["replaced_from"] = [*earlier, *row.env_info.get("replaced_from", [])]
         stats.outcomes[row.status] = stats.outcomes.get(row.status, 0) + 1
@@ -173,19 +213,18 @@ async def _close_env(env: Env, cfg: RolloutConfig, stats: Stats) -> None:
         stats.fault("close_error", f"env close failed: {type(err).__name__}: {err}")
 
 
-def _failed_group(task: Any, policy: Policy, cfg: RolloutConfig, epoch: int, stats: Stats) -> list[TrajectoryRow]:
-    """G env_error rows for a group that could not be set up, so the failure is in the output, not only
-    in the summary. A task that is not a JSON object is kept as its repr."""
+def _failed_group(task: Any, policy: Policy, cfg: RolloutConfig, epoch: int, stats: Stats, group_id: str,
+                  samples: list[int]) -> list[TrajectoryRow]:
+    """env_error rows for the samples of a group that could not be set up, so the failure is in the output,
+    not only in the summary. A task that is not a JSON object is kept as its repr."""
     kept = task if isinstance(task, dict) else {"task_id": "", "invalid_task": repr(task)[:1000]}
     try:
-        group_id = str(uuid.uuid4())
         name = str(kept.get("env") or cfg.env)
-        rows = [Trajectory(kept, group_id, i, name, policy, epoch).finish("env_error", "error")
-                for i in range(cfg.group_size)]
-    except Exception:  # nothing sensible can be built; the fault is counted, and so are its G trajectories
+        rows = [Trajectory(kept, group_id, i, name, policy, epoch).finish("env_error", "error") for i in samples]
+    except Exception:  # nothing sensible can be built; the fault is counted, and so are its trajectories
         rows = []
-    # G failed trajectories either way: the error share (--max-error-frac) must see them even without rows.
-    stats.outcomes["env_error"] = stats.outcomes.get("env_error", 0) + cfg.group_size
+    # Failed trajectories either way: the error share (--max-error-frac) must see them even without rows.
+    stats.outcomes["env_error"] = stats.outcomes.get("env_error", 0) + len(samples)
     return rows
 
 
@@ -203,7 +242,7 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
                   turn_hook: Callable[[], Awaitable[None]] | None = None,
                   epochs: int | None = 1,
                   before_group: Callable[[], Awaitable[None]] | None = None,
-                  env_for: EnvChooser | None = None) -> Stats:
+                  env_for: EnvChooser | None = None, resume: Resume | None = None) -> Stats:
     """Run every task as a group of cfg.group_size trajectories, handing each finished group to sink.
 
     At most cfg.concurrency trajectories are in flight. When `stop` is set, no new group starts and the
@@ -214,8 +253,10 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
         so with a --seed the passes differ yet stay reproducible.
     before_group: awaited before each new group starts (daemon backpressure); a stop cuts it short.
     env_for: env name -> factory; each group then runs the env its task names (per-row `env`, --env-mix).
+    resume: names the groups and holds the units already written, which are skipped (default: none).
     """
     stats = stats or Stats()
+    resume = resume or Resume()
     stop = stop or asyncio.Event()
     policy = as_policy(policy)  # a full Policy: vocab_size and the rest declared, defaults for third-party ones
     task_list = tasks if epochs == 1 else list(tasks)  # one pass may stream; epochs re-iterate a list
@@ -228,9 +269,9 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     sinking: set[asyncio.Task] = set()  # runner + sink per group; never cancelled, so nothing is lost
     sink_failures: list[BaseException] = []  # a sink that cannot write stops the rollout, then re-raises
 
-    async def one_group(task: dict[str, Any], epoch: int) -> None:
+    async def one_group(task: dict[str, Any], epoch: int, group_id: str, samples: list[int]) -> None:
         runner = asyncio.ensure_future(
-            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch, env_for))
+            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch, env_for, group_id, samples))
         running.add(runner)
         try:
             rows = await asyncio.shield(runner)
@@ -239,7 +280,7 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
         except Exception as err:  # the group could not even be set up (e.g. a task that is not a dict)
             stats.fault("group_error", f"group failed: {type(err).__name__}: {err}")
             stats.groups_done += 1
-            rows = _failed_group(task, policy, cfg, epoch, stats)
+            rows = _failed_group(task, policy, cfg, epoch, stats, group_id, samples)
         finally:
             running.discard(runner)
             group_slots.release()
@@ -261,7 +302,14 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     epoch = 0
     while task_list and (epochs is None or epoch < epochs) and not stop.is_set():
         stats.epoch = epoch
+        occurrences: dict[str, int] = {}  # group id of a task's first listing -> listings so far
         for task in task_list:
+            first_id = resume.group_id(task, epoch, 0)
+            occurrence = occurrences[first_id] = occurrences.get(first_id, -1) + 1
+            group_id = first_id if occurrence == 0 else resume.group_id(task, epoch, occurrence)
+            samples = resume.samples_left(group_id, cfg.group_size)
+            if not samples:
+                continue  # every sample of this group was written by an earlier invocation
             if started_this_tick >= START_BURST:
                 started_this_tick = 0
                 await _let_running_turns_go_first()
@@ -271,9 +319,9 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
                 group_slots.release()
                 break
             stats.groups_started += 1
-            started_this_tick += cfg.group_size
+            started_this_tick += len(samples)
             idle.clear()
-            t = asyncio.ensure_future(one_group(task, epoch))
+            t = asyncio.ensure_future(one_group(task, epoch, group_id, samples))
             sinking.add(t)
             t.add_done_callback(sunk)
         else:

@@ -3,6 +3,8 @@
 `RolloutJob` is everything an invocation needs beyond the loop's `RolloutConfig` (tasks, envs, output,
 flushing, daemon policy); `run_rollout(job, policy, stop, stats)` drives stages/rollout.py, writes shards
 and the RUN/metrics row, and returns a `RolloutResult` (`to_json()`, `summary_line()`, `failure()`).
+A re-run with the same settings (tasks, policy and its version, loop config: one config hash) resumes: the
+(task, epoch, sample) units the output's committed shards of that hash hold are skipped, and counted.
 The CLI (arlctl/cli/rollout.py) only parses options into a job, turns signals into `stop`, shows progress
 from `stats` and prints the result.
 """
@@ -23,11 +25,13 @@ from arlctl.errors import UsageError
 from arlctl.inference.base import Policy, as_policy
 from arlctl.io.fs import basename, join
 from arlctl.io.layout import metrics_dir_for
+from arlctl.io.ledger import WrittenSamples, written_samples
 from arlctl.io.shards import Lineage, config_hash
 from arlctl.io.sink import GroupShardWriter
+from arlctl.render import one_line
 from arlctl.schemas.safe_text import parquet_safe
 from arlctl.stages.agent_loop import RolloutConfig, Stats
-from arlctl.stages.rollout import rollout
+from arlctl.stages.rollout import Resume, rollout
 from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
 
 USABLE_STATUSES = ("ok", "truncated")  # statuses whose rows can be graded and trained on
@@ -344,11 +348,11 @@ class RolloutResult:
     """What one invocation did; `to_json()` is the --json summary, `summary_line()` the human one."""
 
     groups: int
-    trajectories: int
+    trajectories: int  # trajectories in the rows written (per-turn rows: one per trajectory)
     status: dict[str, int]  # rows written per status
     shards_written: int
     shards: list[str]
-    rows_written: int
+    rows_written: int  # rows in the shards this invocation committed
     generated_tokens: int
     generated_tokens_per_s: float
     mean_env_latency_s: float
@@ -381,6 +385,12 @@ class RolloutResult:
     cpu_per_turn_ms: float = 0.0
     gc_pause_max_ms: float = 0.0
     gc_pause_total_s: float = 0.0
+    # Resume: the units earlier invocations of this configuration committed, not rolled out again.
+    config_hash: str = ""
+    samples_skipped: int = 0
+    groups_skipped: int = 0  # groups every sample of which was already written
+    resumed_shards: int = 0  # committed shards of this configuration found in the output
+    truncated: int = 0  # rows written with status truncated
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -388,8 +398,11 @@ class RolloutResult:
         return data
 
     def summary_line(self) -> str:
-        return (f"{self.trajectories} trajectories in {self.groups} groups -> {self.shards_written} shards in "
-                f"{self.out}  ({self.generated_tokens_per_s:.1f} gen tok/s, mean env latency "
+        skipped = (f"; {self.samples_skipped} samples already written in {self.resumed_shards} shards, skipped"
+                   if self.samples_skipped else "")
+        return (f"{self.rows_written} rows ({self.trajectories} trajectories, {self.truncated} truncated) in "
+                f"{self.groups} groups -> {self.shards_written} shards in {self.out}{skipped}  "
+                f"({self.generated_tokens_per_s:.1f} gen tok/s, mean env latency "
                 f"{self.mean_env_latency_s * 1e3:.1f} ms, {self.errors} errors"
                 f"{', interrupted' if self.interrupted else ''})")
 
@@ -400,8 +413,8 @@ class RolloutResult:
         env_error, timeout), or whose share of env_error/policy_error trajectories exceeds
         `max_error_frac`. An interrupted run is not judged: the user stopped it.
         """
-        if self.interrupted or tasks == 0:
-            return None
+        if self.interrupted or tasks == 0 or (self.rows_written == 0 and self.samples_skipped and not self.groups):
+            return None  # stopped by the user, nothing asked, or every unit written by an earlier invocation
         cause = self.last_error or "no error was recorded"
         if self.rows_written == 0:
             return (f"rollout wrote no rows from {tasks} tasks: {cause}",
@@ -428,18 +441,26 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
     log: one-line notices (policy reloads, backpressure waits).
     """
     cfg, stats, pol = job.cfg, stats or Stats(), as_policy(pol)
-    spec = {"tasks": job.sources, "policy": job.policy_spec, **cfg.as_dict()}
+    # The policy's version is part of the configuration: a re-run after a newer version was published
+    # rolls out afresh instead of completing the older version's groups.
+    spec = {"tasks": job.sources, "policy": job.policy_spec, "policy_version": pol.version, **cfg.as_dict()}
+    spec_hash = config_hash(spec)
+    earlier = await asyncio.to_thread(written_samples, job.out, spec_hash)
+    _log_resume(earlier, job.out, log)
+    resume = Resume(key=spec_hash, written=earlier.samples)
     writer = GroupShardWriter(
-        job.out, lambda: Lineage(stage="rollout", inputs=[], config_hash=config_hash(spec),
+        job.out, lambda: Lineage(stage="rollout", inputs=[], config_hash=spec_hash,
                                  extra={"tasks": ",".join(job.sources), "policy": pol.name,
                                         "policy_version": pol.version}),
         flush_groups=job.flush_groups, flush_seconds=job.flush_seconds, prefix=job.prefix)
     status: dict[str, int] = {"ok": 0}
+    trajectories = [0]
 
     async def sink(rows) -> None:
+        await writer.add_group(rows)  # a group the schema refuses raises here and is not counted
         for r in rows:
             status[r.status] = status.get(r.status, 0) + 1
-        await writer.add_group(rows)
+        trajectories[0] += len({r.trajectory_id for r in rows})
 
     follower, gate = _daemon_hooks(job, pol, stats, writer, log)
     started = time.monotonic()
@@ -457,7 +478,7 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
         await rollout(job.tasks, pol, None, cfg, sink, stats=stats, stop=stop,
                       turn_hook=follower.maybe_reload if follower else None,
                       epochs=job.daemon.epochs if job.daemon else 1, before_group=gate.wait if gate else None,
-                      env_for=job.envs)
+                      env_for=job.envs, resume=resume)
         await writer.flush()
     finally:
         gc.set_threshold(*thresholds)
@@ -469,7 +490,7 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
     elapsed = time.monotonic() - started
     last_error = stats.last_error or (follower.last_error if follower else None)
     result = RolloutResult(
-        groups=stats.groups_done, trajectories=stats.trajectories_done, status=status,
+        groups=stats.groups_done, trajectories=trajectories[0], status=status,
         shards_written=len(writer.written), shards=writer.written, rows_written=writer.rows_written,
         generated_tokens=stats.generated_tokens, generated_tokens_per_s=stats.generated_tokens / max(elapsed, 1e-9),
         mean_env_latency_s=stats.mean_env_latency_s(), env_calls=stats.env_calls, errors=stats.errors,
@@ -478,11 +499,26 @@ async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: 
         template_rewrites_history=stats.template_rewrites_history, seconds=elapsed, interrupted=stop.is_set(),
         backend_metrics=backend_metrics, epochs=stats.epochs_done, policy_version=pol.version,
         last_error=None if last_error is None else parquet_safe(last_error), out=job.out,
-        daemon=_daemon_summary(follower, gate) if job.daemon is not None else None, **health)
+        daemon=_daemon_summary(follower, gate) if job.daemon is not None else None, **health,
+        config_hash=spec_hash, samples_skipped=resume.samples_skipped, groups_skipped=resume.groups_skipped,
+        resumed_shards=earlier.shards, truncated=status.get("truncated", 0))
     # One small Parquet write, still off the loop: a daemon's other tasks keep running meanwhile.
     result.metrics = await asyncio.to_thread(write_rollout_metrics, result.to_json(),
                                              metrics_dir_for(job.out, job.run), job.backend)
     return result
+
+
+def _log_resume(earlier: WrittenSamples, out: str, log: Callable[[str], None]) -> None:
+    """One line each: what is resumed, and committed rollouts of other settings that are not."""
+    if earlier.shards:
+        log(f"resume: {earlier.count} samples already written in {earlier.shards} shards of {out} "
+            "with these settings: rolling out only the rest")
+    if earlier.other_configs:
+        shards = sum(earlier.other_configs.values())
+        log(f"resume: {shards} rollout shards in {out} were written with other settings (config hash "
+            f"{', '.join(sorted(earlier.other_configs)[:3])}): not resumed from, their tasks are rolled out again")
+    for line in earlier.unreadable[:3]:
+        log(one_line(f"resume: unreadable shard {line}: its samples count as not written"))
 
 
 def _daemon_hooks(job: RolloutJob, pol: Policy, stats: Stats, writer: GroupShardWriter,

@@ -6,6 +6,7 @@
   batches/_filter/<inv>.json one manifest per finished filter invocation (hidden from shard readers)
   shard lineage              each output shard lists the inputs it consumed: commit of the output is commit
                              of consumption
+  rollout resume             the (group, sample) units the committed rollout shards of one config hash hold
 
 Nobody else spells `LATEST`, `step-%06d`, `v%06d`, `state.json`, `version.json` or `_filter`; every stage,
 `status`, the supervisor and the loader ask this module. (The audit keeps its own reader on purpose: it is
@@ -19,6 +20,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from arlctl.errors import TerminalError
@@ -254,6 +256,50 @@ def filter_consumed(batches_url: str, lineage_of: LineageOf | None = None) -> se
     return consumed
 
 
+@dataclass
+class WrittenSamples:
+    """What earlier rollout invocations with one configuration committed to a directory (for resume)."""
+
+    samples: dict[str, set[int]] = field(default_factory=dict)  # group_id -> sample indices written (not aborted)
+    shards: int = 0  # committed shards of that configuration
+    other_configs: dict[str, int] = field(default_factory=dict)  # another config hash -> its shards
+    unreadable: list[str] = field(default_factory=list)  # shards whose footer or rows could not be read
+
+    @property
+    def count(self) -> int:
+        return sum(len(indices) for indices in self.samples.values())
+
+
+def written_samples(out_url: str, config_hash: str) -> WrittenSamples:
+    """The (group, sample) units committed under out_url by rollouts of `config_hash` (rollout resume).
+
+    A unit is written when a committed shard of stage rollout with that hash holds a row for it whose status
+    is not `aborted` (per-turn rows share their trajectory's status). Shards of another hash are counted,
+    not read; an unreadable shard counts for nothing (no stage can read its rows either) and is named.
+    """
+    from arlctl.errors import CorruptShardError
+    from arlctl.io.shards import read_lineage, read_shard, scan
+
+    found = WrittenSamples()
+    for shard in scan(out_url).shards:
+        try:
+            lineage = read_lineage(shard)
+            if lineage is None or lineage.stage != "rollout":
+                continue
+            if lineage.config_hash != config_hash:
+                found.other_configs[lineage.config_hash] = found.other_configs.get(lineage.config_hash, 0) + 1
+                continue
+            table = read_shard(shard, columns=["group_id", "sample_index", "status"], bad_values="keep")
+        except (CorruptShardError, FileNotFoundError) as err:
+            found.unreadable.append(f"{basename(shard)}: {getattr(err, 'reason', err)}")
+            continue
+        found.shards += 1
+        for group_id, index, status in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True):
+            if status != "aborted":
+                found.samples.setdefault(group_id, set()).add(index)
+    return found
+
+
 def trained_batches(ckpt_dir: str | os.PathLike) -> list[str]:
     """Batch names the newest complete checkpoint has consumed (every one since step 0)."""
     latest = latest_checkpoint(ckpt_dir)
@@ -267,5 +313,5 @@ __all__ = [
     "latest_url", "latest_version", "list_checkpoints", "list_versions", "manifest_url", "parse_version",
     "read_filter_manifests", "read_latest", "read_latest_raw", "read_state", "read_version_info",
     "remove_checkpoint", "remove_version", "state_saved_at", "step_dir_name", "trained_batches", "version_dir_name",
-    "version_dirs", "version_location", "write_filter_manifest", "write_latest",
+    "version_dirs", "version_location", "write_filter_manifest", "write_latest", "WrittenSamples", "written_samples",
 ]
