@@ -11,16 +11,27 @@ dropped by a named filter rule, no id twice across batches, trainer step == cons
 only moved forward, and no row ran a policy newer than the trainer at its start.
 
 The same again with the run directory on S3 (moto's server on 127.0.0.1).
+
+Resume (issue 27 item 3): a real `arlctl rollout` is interrupted (SIGINT) or killed (SIGKILL) right after
+its first committed shard and run again with the same argv; across both invocations every (task, sample)
+has exactly one non-aborted trajectory (the audit), the summaries count the rows in the shards, and the
+tasks the first invocation finished get no row from the second.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import signal
+import subprocess
+import sys
 import time
+from collections import Counter
 
 import pytest
 
 from arlctl.audit import audit_run
+from arlctl.io.shards import list_shards, read_shard
 from arlctl.supervisor import STAGES, Supervisor, parse_recipe, run
 
 pytestmark = pytest.mark.chaos
@@ -154,3 +165,64 @@ def test_chaos_s3(s3_bucket, tmp_path):
     # A SIGKILLed holder's lease on S3 blocks its stage until it expires (60 s), so each stage is killed
     # at most once per 75 s here: more often and nothing would get past its lock.
     run_chaos(f"{s3_bucket}/run", str(tmp_path / "logs"), seed=7, min_kills=5, kill_every=10.0, stage_gap_s=75.0)
+
+
+RESUME_TASKS, RESUME_G = 40, 4
+
+
+def resume_argv(run_dir: str) -> list[str]:
+    return [sys.executable, "-m", "arlctl.cli.main", "rollout", "--env", "first-token",
+            "--tasks", f"builtin:first-token?n={RESUME_TASKS}&seed=0", "--policy", "tiny", "--run", run_dir,
+            "-G", str(RESUME_G), "-c", "4", "--max-turns", "1", "--max-new-tokens", "24", "--seed", "1",
+            "--flush-groups", "1", "--json", "-q"]
+
+
+def _rows(shards: list[str]) -> list[dict]:
+    columns = ["trajectory_id", "group_id", "sample_index", "task_id", "status"]
+    return [r for shard in shards for r in read_shard(shard, columns=columns).to_pylist()]
+
+
+def _summary(stdout: str) -> dict:
+    return json.loads(stdout[stdout.index("{"):stdout.rindex("}") + 1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
+def test_rollout_rerun_after_a_stop_completes_every_unit_once(tmp_path, sig):
+    run_dir = str(tmp_path / "run")
+    out = f"{run_dir}/rollouts"
+    proc = subprocess.Popen(resume_argv(run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not list_shards(out) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first_shards = list_shards(out)
+    first_rows = _rows(first_shards)
+    done_first = {(r["group_id"], r["sample_index"]) for r in first_rows if r["status"] != "aborted"}
+    assert 0 < len(done_first) < RESUME_TASKS * RESUME_G, "the stop did not land mid-run"
+    if sig == signal.SIGINT:
+        assert proc.returncode == 0, stderr
+        first = _summary(stdout)
+        assert first["interrupted"] and first["rows_written"] == len(first_rows)  # the rows in the shards
+    finished_tasks = {t for t, n in Counter(r["task_id"] for r in first_rows if r["status"] != "aborted").items()
+                      if n == RESUME_G}
+
+    again = subprocess.run(resume_argv(run_dir), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    second = _summary(again.stdout)
+    new_rows = _rows([s for s in list_shards(out) if s not in first_shards])
+    assert second["rows_written"] == len(new_rows) == RESUME_TASKS * RESUME_G - len(done_first)
+    assert second["samples_skipped"] == len(done_first) and "samples already written" in again.stderr
+    assert not finished_tasks & {r["task_id"] for r in new_rows}  # finished tasks are not rolled out again
+
+    report = audit_run(run_dir, drained=False)
+    assert report.problems == [], report.problems
+    assert report.units == RESUME_TASKS * RESUME_G
+    usable = Counter(r["task_id"] for r in first_rows + new_rows if r["status"] != "aborted")
+    assert set(usable.values()) == {RESUME_G} and len(usable) == RESUME_TASKS
+    print(f"{sig.name}: first invocation {len(first_rows)} rows ({len(done_first)} units), re-run "
+          f"{len(new_rows)} rows, {len(finished_tasks)} finished tasks untouched")
