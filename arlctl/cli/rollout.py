@@ -38,7 +38,7 @@ HELP = """Run the policy on tasks: G samples per task (a GRPO group), many traje
 
   arlctl rollout --watch --run runs/r1 --policy runs/r1/policy --max-pending 256 --max-staleness 2
 
-Ctrl-C (or SIGTERM) stops new work, ends in-flight trajectories as `aborted` and flushes everything.
+Ctrl-C (or SIGTERM) stops new work, ends in-flight trajectories as `aborted` and flushes everything. The same command again resumes: it rolls out only the (task, sample) pairs the output does not hold yet; other settings (a new --temperature, a newer policy version) start afresh, and say so.
 
 With --watch it runs as a daemon: epoch after epoch over the tasks (--max-epochs N to stop), reloading the policy at turn boundaries when RUN/policy/LATEST names a newer version (checked every --poll s), and holding back new groups while the untrained backlog would exceed --max-pending rows or the trainer is more than --max-staleness versions ahead (README "Running as daemons").
 """
