@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.arlctl-installed
 PYTEST_TIERS ?= not vllm
 
-.PHONY: demo test test-fast lint bench install clean
+.PHONY: demo test test-fast test-e2e lint bench install clean
 
 install: $(STAMP)
 
@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -m "$(PYTEST_TIERS)" -p no:cacheprovider -q
 
+# The default tier (pyproject's addopts): no slow, integration, e2e (the CLI as a real process), ... tests.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q
+
+test-e2e: $(STAMP)
+	$(PY) -m pytest -m e2e -p no:cacheprovider -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check arlctl stages schemas tests benchmarks

@@ -1,11 +1,14 @@
 """Out-of-tree environments and rewards: a real package (tests/envs/plugin_pkg) pip-installed into this
 venv, used through `module:attribute` specs and through its entry points, with no edit to arlctl.
 
-The package is uninstalled when the module's tests end, so the venv is left as it was.
+The package is uninstalled when the module's tests end, so the venv is left as it was. The commands run in
+this process (a fresh interpreter per command cost seconds each); the listing is also read by a fresh
+`arlctl` process (e2e), as a user's shell would after `pip install`.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -14,7 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from inprocess import arlctl as arlctl_in_process
 
+from arlctl.envs import registry
 from arlctl.io.shards import list_shards, read_shard
 
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
@@ -24,6 +29,17 @@ WORDS = ["stone", "lamp"]
 
 
 def arlctl(*args: str) -> subprocess.CompletedProcess:
+    """The real CLI in this process; plugins it loads leave the process-wide tables as they were."""
+    saved = dict(registry.ENVS), dict(registry.REWARDS), dict(registry.SOURCES)
+    try:
+        return arlctl_in_process(*args)
+    finally:
+        for table, before in zip((registry.ENVS, registry.REWARDS, registry.SOURCES), saved, strict=True):
+            table.clear()
+            table.update(before)
+
+
+def arlctl_process(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*ARLCTL, *args], capture_output=True, text=True, timeout=600)
 
 
@@ -38,6 +54,7 @@ def plugin(tmp_path_factory):
     copy = tmp_path_factory.mktemp("plugin") / "plugin_pkg"
     shutil.copytree(PACKAGE, copy)
     pip("install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(copy))  # offline: setuptools is here
+    importlib.invalidate_caches()  # this process finds the new package's modules and metadata too
     try:
         yield
     finally:
@@ -104,8 +121,11 @@ def test_a_reward_without_version_is_versioned_by_its_spec(plugin, tasks, tmp_pa
     assert {row["reward"] for row in scored} == {0.5}
 
 
-def test_envs_lists_plugins_with_their_source(plugin):
-    result = arlctl("envs", "--json")
+@pytest.mark.parametrize("where", [
+    "in-process", pytest.param("process", marks=pytest.mark.e2e)])
+def test_envs_lists_plugins_with_their_source(plugin, where):
+    run = arlctl if where == "in-process" else arlctl_process
+    result = run("envs", "--json")
     assert result.returncode == 0, result.stderr  # a broken plugin (mypkg-broken) is listed, not loaded
     listing = json.loads(result.stdout)
     envs = {(e["name"], e["source"]): e for e in listing["envs"]}
@@ -120,7 +140,7 @@ def test_envs_lists_plugins_with_their_source(plugin):
     assert rewards[("reverse", "entry-point")]["module"] == "mypkg.reward:score"
     assert rewards[("math", "builtin")]["version"] == "math-1"
 
-    human = arlctl("envs")
+    human = run("envs")
     assert human.returncode == 0, human.stderr
     assert re.search(rf"\n  reverse +entry point of {DIST} 0.3.1: mypkg.env:make\n", human.stderr)
     assert re.search(rf"\n  math +entry point of {DIST} 0.3.1: mypkg.env:make  -- shadowed", human.stderr)
@@ -167,7 +187,6 @@ def test_a_broken_reward_is_a_usage_error_with_one_line(plugin, tmp_path, spec, 
 
 from importlib.metadata import version  # noqa: E402  (a module-level `version` function: must not be a version)
 
-from arlctl.envs import registry  # noqa: E402
 from arlctl.errors import UsageError  # noqa: E402
 
 
