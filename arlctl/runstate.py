@@ -24,6 +24,10 @@ Definitions (the rollout daemon's backpressure uses the same numbers, see README
                reward of the rewarded rows in the newest `recent` rewarded shards.
   error_causes per stage, the {cause: count} JSON column `error_causes` summed over ALL of the stage's
                metrics files (causes "infra:..." are infrastructure failures, listed first).
+  train_lag    lag at train time from train's step metrics (RUN/metrics/train-step-*.parquet): the max and
+               the row-weighted mean over the rows that entered the loss, and the rows dropped as stale.
+  filter_last  the newest filter audit (RUN/metrics/filter-*.parquet, by modification time): groups seen,
+               kept, and dropped per rule (a group counts under the rule that dropped most of its rows).
 
 Shards are immutable, so each footer and column read is cached in a `ShardCache` that a caller polling
 repeatedly (the rollout daemon, the dashboard) keeps between calls.
@@ -42,7 +46,7 @@ import pyarrow.parquet as pq
 
 from arlctl.errors import TerminalError
 from arlctl.io import ledger
-from arlctl.io.fs import basename, get_fs
+from arlctl.io.fs import basename, get_fs, to_url
 from arlctl.io.run import RunLayout
 from arlctl.io.shards import LINEAGE_KEY, Lineage, scan
 
@@ -229,7 +233,59 @@ def run_state(run: str, cache: ShardCache | None = None, recent: int = 10, in_fl
         "error_causes": error_causes(RunLayout(run).metrics, cache),
         "by_env": _by_env(dirs, cache, recent),
         "corrupt_shards": corrupt,
+        "train_lag": train_lag(RunLayout(run).metrics, cache),
+        "filter_last": filter_last_pass(RunLayout(run).metrics, cache),
     }
+
+
+def train_lag(metrics_url: str, cache: ShardCache) -> dict[str, Any]:
+    """Lag at train time over every train step recorded (older step files without the *_trained columns
+    give their whole batch's lag)."""
+    steps, rows, weighted, dropped, worst = 0, 0, 0.0, 0, None
+    for url in scan(metrics_url).shards:
+        if not basename(url).startswith("train-step-"):
+            continue
+        table = cache.columns(url, ("rows", "max_lag_trained", "mean_lag_trained", "rows_dropped_stale")) \
+            or cache.columns(url, ("rows", "max_lag", "mean_lag", "rows_dropped_stale"))
+        if table is None:
+            continue
+        for n, top, mean, stale in zip(*(table.column(i).to_pylist() for i in range(4)), strict=True):
+            steps += 1
+            dropped += int(stale or 0)
+            if n:
+                rows += int(n)
+                weighted += float(mean or 0.0) * int(n)
+                worst = int(top) if worst is None else max(worst, int(top))
+    return {"steps": steps, "rows": rows, "max": worst, "mean": weighted / rows if rows else None,
+            "rows_dropped_stale": dropped}
+
+
+def filter_last_pass(metrics_url: str, cache: ShardCache) -> dict[str, Any] | None:
+    """What the newest filter invocation did with its groups (None before the first): kept, and dropped
+    per rule, e.g. {"groups": 8, "kept": 0, "dropped": {"zero_variance": 8}}."""
+    fs, path = get_fs(metrics_url)
+    try:
+        entries = [e for e in fs.ls(path, detail=True) if basename(e["name"]).startswith("filter-")
+                   and basename(e["name"]).endswith(".parquet")]
+    except (FileNotFoundError, OSError):
+        return None
+    if not entries:
+        return None
+
+    def modified(entry: dict[str, Any]) -> float:
+        stamp = entry.get("mtime", entry.get("LastModified", entry.get("created", 0)))
+        return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp or 0)
+
+    newest = max(entries, key=lambda e: (modified(e), e["name"]))
+    table = cache.columns(to_url(fs, newest["name"]), ("group_id", "rule"))
+    if table is None:
+        return None
+    rules: dict[str, Counter[str]] = {}
+    for group, rule in zip(table.column("group_id").to_pylist(), table.column("rule").to_pylist(), strict=True):
+        rules.setdefault(str(group), Counter())[str(rule)] += 1
+    kept = sum(1 for counts in rules.values() if counts["kept"])
+    dropped = Counter(counts.most_common(1)[0][0] for counts in rules.values() if not counts["kept"])
+    return {"groups": len(rules), "kept": kept, "dropped": dict(dropped.most_common()), "file": basename(newest["name"])}
 
 
 def _histogram(lags: list[int]) -> dict[str, Any]:
@@ -476,5 +532,5 @@ def _hist(hist: dict[str, int]) -> str:
     return "{" + ", ".join(f"{k}:{v}" for k, v in hist.items()) + "}" if hist else ""
 
 
-__all__ = ["Footer", "ShardCache", "backlog", "error_causes", "published_policy", "render", "run_state",
-           "trainer_progress"]
+__all__ = ["Footer", "ShardCache", "backlog", "error_causes", "filter_last_pass", "published_policy", "render",
+           "run_state", "train_lag", "trainer_progress"]

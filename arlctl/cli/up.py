@@ -13,7 +13,7 @@ import typer
 from arlctl.cli.common import console, handle_errors
 from arlctl.errors import UsageError
 
-HELP = """Start every stage of a recipe as a daemon (`arlctl STAGE --watch ...`), each in its own process group with its log in RUN/logs/<stage>-<i>.log; restart a crashed one with exponential backoff; stop them all cleanly on Ctrl-C or SIGTERM (SIGTERM, a grace period, then SIGKILL). A live dashboard shows, per stage, its state, pids, restarts, the shards waiting at its input, throughput and the last error line of its log, with the policy version, trainer step, staleness and reward trend.
+HELP = """Start every stage of a recipe as a daemon (`arlctl STAGE --watch ...`), each in its own process group with its log in RUN/logs/<stage>-<i>.log; restart a crashed one with exponential backoff; stop them all cleanly on Ctrl-C or SIGTERM (SIGTERM, a grace period, then SIGKILL). On a terminal a live dashboard shows, per stage, its state, pids, restarts, the shards waiting at its input, throughput, why it is idle (waiting on input, backpressure, staleness, or what the filter dropped) and the last error line of its log, with the lag at train time, policy version, trainer step, staleness and reward trend. Piped or redirected (or with --no-dashboard) it writes timestamped plain lines instead, one per change, as they happen.
 
   arlctl up recipes/math_daemons.yaml
 
@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
                 for i in range(spec.workers):
                     console.print(f"{spec.name}-{i}: {shlex.join(sv.stage_argv(recipe, spec, i))}", soft_wrap=True, highlight=False)
             return
-        if no_dashboard:
+        if no_dashboard or not console.is_terminal:  # piped or in a file: lines, never a redrawn frame
             result = _plain(recipe, for_s, until_drained)
         else:
             result = _live(recipe, for_s, until_drained)
@@ -59,20 +59,80 @@ def _stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
+def _say(line: str) -> None:
+    """One timestamped plain line, written out now (a file reader sees it while the run goes on)."""
+    console.print(f"{_stamp()} {line}", soft_wrap=True, highlight=False, markup=False)
+    console.file.flush()
+
+
 def _plain(recipe: Any, for_s: float | None, until_drained: bool) -> Any:
     from arlctl import supervisor as sv
 
     last: dict[str, Any] = {}
 
     def on_state(sup: sv.Supervisor, state: dict[str, Any]) -> None:
+        lag = state.get("train_lag") or {}
         line = {"policy": state.get("policy_version"), "step": state.get("trainer_step"),
-                "backlog": state["backlog"]["total"], "stages": sup.stage_states()}
+                "backlog": state["backlog"]["total"], "stages": sup.stage_states(),
+                "lag_at_train": {"max": lag.get("max"), "mean": _round(lag.get("mean")),
+                                 "dropped_stale": lag.get("rows_dropped_stale", 0)},
+                "idle": {k: v for k, v in idle_reasons(sup.recipe, state, sup.stage_states()).items() if v}}
         if line != last.get("line"):
             last["line"] = line
-            console.print(f"{_stamp()} {json.dumps(line)}", soft_wrap=True, highlight=False)
+            _say(json.dumps(line))
 
-    sup = sv.Supervisor(recipe, log=lambda msg: console.print(f"{_stamp()} {msg}", soft_wrap=True, highlight=False))
+    sup = sv.Supervisor(recipe, log=_say)
     return sv.run(sup, for_s=for_s, until_drained=until_drained, on_state=on_state)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def idle_reasons(recipe: Any, state: dict[str, Any], stage_status: dict[str, str]) -> dict[str, str]:
+    """Per stage of the recipe, why it is idle now ("" when it has work): waiting on input, rollout's
+    backpressure or staleness bound (the gate's own numbers, from the recipe's options), and what the
+    filter's last pass dropped when it kept nothing (e.g. "all 8 groups zero_variance")."""
+    from arlctl.stages.rollout_daemon import projected_lag
+
+    filtered = _filter_verdict(state.get("filter_last"))
+    out: dict[str, str] = {}
+    for spec in recipe.stages:
+        info = state["stages"].get(spec.name, {})
+        reason = ""
+        if stage_status.get(spec.name, "").split(" ")[0] in ("done", "failed", "stopped"):
+            pass  # not idle: finished, or the state column says why not
+        elif spec.name == "rollout":
+            reason = _rollout_idle(spec.args, state, projected_lag)
+        elif spec.name in ("reward", "filter", "train", "sync") and not info.get("waiting_shards"):
+            reason = "waiting on input"
+            if spec.name in ("filter", "train") and filtered:
+                reason += f" (filter's last pass: {filtered})"
+        out[spec.name] = reason
+    return out
+
+
+def _rollout_idle(args: dict[str, Any], state: dict[str, Any], projected_lag: Any) -> str:
+    backlog = state["backlog"]
+    group = int(args.get("group-size", 8))
+    pending = args.get("max-pending")
+    if pending is not None and backlog["total"] + group > int(pending):
+        return f"backpressure: backlog {backlog['total']} + group {group} > max-pending {pending}"
+    bound = args.get("max-staleness")
+    lag, queued = projected_lag(backlog, state.get("policy_version") or 0)
+    if bound is not None and lag > int(bound):
+        return f"staleness: lag at train time would be {lag} > {bound} ({queued} steps queued for the trainer)"
+    return ""
+
+
+def _filter_verdict(last: dict[str, Any] | None) -> str:
+    """The filter's last pass in words when it kept no group, else ""."""
+    if not last or last["kept"] or not last["groups"]:
+        return ""
+    dropped = last["dropped"]
+    if len(dropped) == 1:
+        return f"all {last['groups']} groups {next(iter(dropped))}"
+    return f"no group of {last['groups']} kept: " + ", ".join(f"{rule} {n}" for rule, n in dropped.items())
 
 
 def _live(recipe: Any, for_s: float | None, until_drained: bool) -> Any:
@@ -136,7 +196,8 @@ class Dashboard:
         from rich.text import Text
 
         table = Table(title="arlctl up", title_justify="left", header_style="bold", expand=False)
-        for column in ("process", "state", "pid", "restarts", "waiting", "throughput", "last error"):
+        idle = idle_reasons(self.sup.recipe, state, self.sup.stage_states()) if state is not None else {}
+        for column in ("process", "state", "pid", "restarts", "waiting", "throughput", "idle because", "last error"):
             if column == "last error":  # one line per process: the newest error, cut to fit
                 table.add_column(column, overflow="ellipsis", no_wrap=True, max_width=60)
             else:
@@ -150,9 +211,16 @@ class Dashboard:
             style = {"running": "green", "backoff": "red", "done": "blue", "stopped": "dim"}.get(child.state, "")
             retry = f" ({max(0.0, child.next_start_at - time.time()):.0f}s)" if child.state == "backoff" else ""
             table.add_row(child.name, Text(child.state + retry, style=style), str(child.pid or "-"),
-                          str(child.restarts), waiting, self.rate(child.stage), self.sup.last_error(child) or "")
+                          str(child.restarts), waiting, self.rate(child.stage), Text(idle.get(child.stage, "")),
+                          Text(self.sup.last_error(child) or ""))
         parts: list[Any] = [table]
         if state is not None:
+            lag = state.get("train_lag") or {}
+            if lag.get("steps"):
+                bound = next((s.args.get("max-lag") for s in self.sup.recipe.stages if s.name == "train"), None)
+                parts.append(Text(f"lag at train time: max {lag['max']} mean {_round(lag['mean'])} over "
+                                  f"{lag['rows']} rows in {lag['steps']} steps; {lag['rows_dropped_stale']} rows "
+                                  f"dropped as stale" + (f" (bound {bound})" if bound is not None else "")))
             parts.append(_render_state(state, self.sup.stage_states()))
         parts += [Text(line, style="dim") for line in self.notes]
         return Group(*parts)
