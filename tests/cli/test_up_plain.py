@@ -13,6 +13,7 @@ import sys
 import time
 
 import pyarrow as pa
+import pytest
 import yaml
 from rich.console import Console
 from typer.testing import CliRunner
@@ -28,6 +29,7 @@ ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
 
 
+@pytest.mark.e2e
 def test_up_piped_writes_timestamped_lines_while_it_runs(tmp_path):
     """stdout and stderr go to a file (no TTY, no --no-dashboard): the first lines are in the file while
     `up` still runs; every line is stamped; the summary is a line of its own; no frame is drawn."""
