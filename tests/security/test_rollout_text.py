@@ -15,6 +15,7 @@ agent (like oracle:gold) that types a given reply, and a wrapper that corrupts t
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 from typing import Any
@@ -34,6 +35,19 @@ from arlctl.stages.rollout import RolloutConfig, Stats, parquet_safe, rollout
 
 runner = CliRunner()
 REPLACEMENT = "\ufffd"
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    """A failed generation is retried after 0.01 s doubling, not the default 0.5 s (3.5 s for a trajectory
+    that fails all 3 retries). Through the CLI too: its RolloutConfig takes the default, which has no option.
+    What is asserted is how many retries happen and how they end, never how long they waited."""
+    names = [name for name in inspect.signature(RolloutConfig.__init__).parameters if name != "self"]
+    defaults = RolloutConfig.__init__.__defaults__
+    assert len(defaults) == len(names)  # every field has a default: they line up by position
+    monkeypatch.setattr(RolloutConfig.__init__, "__defaults__",
+                        tuple(0.01 if name == "retry_backoff" else d for name, d in zip(names, defaults)))
+    assert RolloutConfig().retry_backoff == 0.01
 
 
 @pytest.fixture(scope="module")
