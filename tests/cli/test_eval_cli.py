@@ -4,13 +4,12 @@ hand-built evals with known McNemar counts, and the `eval` stage of `arlctl up`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from inprocess import arlctl
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
@@ -19,13 +18,8 @@ from arlctl.io.run import RunLayout
 from arlctl.io.shards import Lineage, scan, write_shard
 from arlctl.supervisor import Supervisor, parse_recipe, stage_argv
 
-ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 TASKS = "builtin:math?n=3&seed=7"
 runner = CliRunner()
-
-
-def arlctl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*ARLCTL, *args], capture_output=True, text=True, timeout=300)
 
 
 def test_eval_writes_a_version_once_then_skips_it_unless_forced(tmp_path):
@@ -104,6 +98,7 @@ def test_recipe_accepts_an_eval_stage_and_rejects_what_it_cannot_do(tmp_path):
     assert typo.value.hint == "did you mean --every?"
 
 
+@pytest.mark.e2e
 def test_eval_runs_as_a_stage_of_up(tmp_path):
     """The child `arlctl eval --run RUN --watch ...` starts, follows RUN/policy (nothing published yet: it loads
     no model and waits) and stops cleanly on the supervisor's SIGTERM. (What it evaluates once versions appear:
