@@ -113,8 +113,10 @@ def idle_reasons(recipe: Any, state: dict[str, Any], stage_status: dict[str, str
 
 
 def _rollout_idle(args: dict[str, Any], state: dict[str, Any], projected_lag: Any) -> str:
+    from arlctl.stages.agent_loop import RolloutConfig  # no torch
+
     backlog = state["backlog"]
-    group = int(args.get("group-size", 8))
+    group = int(args.get("group-size", RolloutConfig().group_size))
     pending = args.get("max-pending")
     if pending is not None and backlog["total"] + group > int(pending):
         return f"backpressure: backlog {backlog['total']} + group {group} > max-pending {pending}"
