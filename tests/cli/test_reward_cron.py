@@ -10,6 +10,9 @@ import sys
 import threading
 import time
 
+import pytest
+from inprocess import arlctl
+
 from arlctl.io.lock import RunLock
 from arlctl.io.shards import Lineage, list_shards, read_shard, write_shard
 from arlctl.synthetic import synthetic_table
@@ -23,15 +26,21 @@ def make_rollouts(directory, n):
         write_shard(table, os.path.join(directory, f"part-{i:03d}.parquet"), Lineage(stage="rollout"))
 
 
-def reward(*args, **kw):
+def reward(*args):
+    """`arlctl reward` in its own process: for the tests where copies overlap in time."""
     return subprocess.run([*ARLCTL, "reward", "--reward", "first-token", "--json", *args],
-                          capture_output=True, text=True, timeout=300, **kw)
+                          capture_output=True, text=True, timeout=300)
+
+
+def reward_in_process(*args):
+    return arlctl("reward", "--reward", "first-token", "--json", *args)
 
 
 def outputs(directory):
     return {os.path.basename(p): read_shard(p).column("reward").to_pylist() for p in list_shards(directory)}
 
 
+@pytest.mark.e2e
 def test_overlapping_cron_runs_wait_or_exit_and_match_a_single_run(tmp_path):
     rollouts, out, single = str(tmp_path / "rollouts"), str(tmp_path / "rewarded"), str(tmp_path / "single")
     make_rollouts(rollouts, 4)
@@ -60,13 +69,14 @@ def test_workers_split_the_inputs_without_overlap(tmp_path):
     make_rollouts(rollouts, 12)
     done = []
     for worker in ("0/3", "1/3", "2/3"):
-        result = reward("--in", rollouts, "--out", out, "--worker", worker)
+        result = reward_in_process("--in", rollouts, "--out", out, "--worker", worker)
         assert result.returncode == 0, result.stderr
         done.append({os.path.basename(p) for p in json.loads(result.stdout)["written"]})
     assert sum(len(d) for d in done) == 12 and len(set().union(*done)) == 12
-    assert reward("--in", rollouts, "--out", out, "--worker", "3/3").returncode == 2
+    assert reward_in_process("--in", rollouts, "--out", out, "--worker", "3/3").returncode == 2
 
 
+@pytest.mark.e2e
 def test_watch_rewards_new_shards_and_stops_cleanly_on_sigterm(tmp_path):
     rollouts, out = str(tmp_path / "rollouts"), str(tmp_path / "rewarded")
     make_rollouts(rollouts, 1)

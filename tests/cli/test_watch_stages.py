@@ -14,10 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from arlctl.io.ledger import consumed_inputs
 from arlctl.io.shards import Lineage, list_shards, read_shard, write_shard
 from arlctl.models import tiny_model_dir
 from arlctl.synthetic import synthetic_table
+
+# A daemon in its own process, stopped by a real SIGTERM: e2e (make test runs it, the default tier does not).
+pytestmark = pytest.mark.e2e
 
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 
