@@ -19,8 +19,6 @@ import http.client
 import json
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -28,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inprocess import arlctl
 from serve_helpers import ServeProcess, Server, free_port, rows_by_session
 
 from arlctl.serve.app import SESSION_HEADER
 
-ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 MAX_BODY = 2_000_000
 IDLE_S = 2.0
 VOCAB = 49152  # the tiny model's tokenizer
@@ -266,6 +264,7 @@ def test_a_large_allowed_body_tokenises_off_the_event_loop(served):
 
 # ---- 4. SIGTERM writes open sessions ----
 
+@pytest.mark.e2e
 def test_sigterm_writes_every_open_session_before_exit(tmp_path):
     proc = RawServe(tmp_path / "rec")
     try:
@@ -331,8 +330,8 @@ def test_an_unwritable_session_is_marked_and_the_reaper_goes_on(tmp_path):
     ("--flush-seconds", "0", "--flush-seconds must be a positive number"),
 ])
 def test_serve_refuses_bad_options_with_exit_2(tmp_path, option, value, message):
-    result = subprocess.run([*ARLCTL, "serve", "--policy", "tiny", "--port", str(free_port()),
-                             "--record", str(tmp_path / "rec"), option, value],
-                            capture_output=True, text=True, timeout=300)
+    """Usage errors, found before the server starts: in process."""
+    result = arlctl("serve", "--policy", "tiny", "--port", str(free_port()), "--record", str(tmp_path / "rec"),
+                    option, value)
     assert result.returncode == 2, result.stderr
     assert message in " ".join(result.stderr.split()) and "Traceback" not in result.stderr
