@@ -82,6 +82,7 @@ def run_cli(*args, env: dict[str, str] | None = None) -> tuple[int, str, str, in
     return proc.returncode, proc.stdout, proc.stderr, int(peak)
 
 
+@pytest.mark.e2e  # the peak RSS of a real `arlctl reward` process is what is asserted
 def test_a_dictionary_bomb_is_refused_by_reward_without_expanding_it(tmp_path):
     rollouts = tmp_path / "rollouts"
     rollouts.mkdir()
