@@ -75,7 +75,8 @@ _COLUMNS_V1: list[tuple[str, pa.DataType, bool, str]] = [
     ("turns", pa.list_(TURN_TYPE), False, "per-turn records (offsets into response_ids; v2: per-turn advantage)"),
     ("status", pa.string(), False, "ok, truncated, timeout, env_error, policy_error, aborted"),
     ("finish_reason", pa.string(), False,
-     "stop, submit, max_turns, max_tokens, timeout, error; continued: a per-turn row before the last"),
+     "stop, submit, max_turns, length (a token budget or the context cut the last reply; max_tokens in "
+     "older rows), timeout, error; continued: a per-turn row before the last"),
     ("num_turns", pa.int16(), False, "assistant turns"),
     ("num_tool_calls", pa.int16(), False, "tool calls parsed and executed"),
     ("env_errors", pa.int16(), False, "tool errors, parse errors and step timeouts"),
@@ -129,7 +130,10 @@ SCHEMAS: dict[int, pa.Schema] = {
 COLUMN_NAMES = [name for name, *_ in _COLUMNS]
 STATUSES = ("ok", "truncated", "timeout", "env_error", "policy_error", "aborted")
 # "continued": a row of `rollout --history per-turn` that is not its trajectory's last (arlctl/turn_rows.py).
-FINISH_REASONS = ("stop", "submit", "max_turns", "max_tokens", "timeout", "error", "continued")
+# "length": a token budget (--max-new-tokens, --max-tokens) or the context cut the last reply; rows written
+# before it say "max_tokens" for the --max-tokens case, and stay readable (CUT_REASONS holds both).
+FINISH_REASONS = ("stop", "submit", "max_turns", "length", "max_tokens", "timeout", "error", "continued")
+CUT_REASONS = ("length", "max_tokens")
 
 
 class SchemaError(ValueError):

@@ -9,6 +9,12 @@ timeout returns "timeout" to the model; an inference failure retries with backof
 trajectory with status policy_error. Any other exception inside a trajectory ends it as `env_error`,
 its cause counted in Stats.causes ("infra:" when the infrastructure, not the model, failed).
 
+A reply the token budget cut (its generation ended "length": --max-new-tokens, what is left of
+--max-tokens, the context, or the engine's own limit) is a cut turn. A trajectory that ends on a cut
+turn, or whose --max-tokens / context budget runs out before a turn, is status `truncated` with
+finish_reason "length", and its last turn's error says which budget cut it (`length: ...`); a cut turn
+the episode goes on after is an ordinary turn.
+
 Tokens reach the row only through schemas/builder.py (the one token-append rule). Text reaches it only
 through schemas/safe_text.py. A generation whose token ids are not ints in [0, vocab) (or whose log-probs
 are missing or non-finite) is an inference failure: retried, then policy_error naming the bad value.
@@ -131,8 +137,18 @@ class Trajectory:
         self.turn_prompts: list[Segment] = []
         self.history: list[tuple[str, list[dict[str, Any]]]] = []
 
+        self.cut_note: str | None = None  # the `length: ...` note on the last turn's error, when a budget cut it
+
     def finish(self, status: str, finish_reason: str) -> TrajectoryRow:
         return self.builder.finish(status, finish_reason)
+
+    def finish_cut(self, note: str) -> TrajectoryRow:
+        """End as cut by a token budget: truncated, finish_reason "length", `note` on the last turn's error."""
+        if self.row.turns:
+            last = self.row.turns[-1]
+            self.cut_note = parquet_safe(note)
+            last.error = f"{last.error}; {self.cut_note}" if last.error else self.cut_note
+        return self.finish("truncated", "length")
 
     def turn_rows(self) -> list[TrajectoryRow]:
         """--history per-turn: the finished trajectory as one row per turn.
@@ -157,7 +173,7 @@ class Trajectory:
                 finish_reason=row.finish_reason if k == last else "continued",
                 final_state=row.final_state if k == last else None,
                 policy_version=turn.policy_version, policy_version_last=turn.policy_version,
-                num_tool_calls=len(turn.tool_calls), env_errors=int(bool(turn.error)),
+                num_tool_calls=len(turn.tool_calls), env_errors=int(bool(turn.error) and turn.error != self.cut_note),
                 retries=row.retries if k == last else 0,
                 gen_time_s=turn.gen_latency_s, env_time_s=turn.env_latency_s))
         return rows
@@ -361,11 +377,14 @@ async def _turns(traj: Trajectory, policy: Policy, env: Env, codec: ChatCodec, c
     for turn_index in range(cfg.max_turns):
         # 1. Budget: never exceed the response budget or the model's context.
         context, used = _next_context(traj, codec, cfg, messages, tools)
-        budget = min(cfg.max_new_tokens, cfg.max_tokens - used, cfg.max_context - len(context))
+        limits = {"max_tokens": cfg.max_tokens - used, "context": cfg.max_context - len(context),
+                  "max_new_tokens": cfg.max_new_tokens}
+        budget = min(limits.values())
         if budget <= 0:
             if traj.turn_prompts and len(traj.turn_prompts) > len(row.turns):
                 traj.turn_prompts.pop()  # no turn was generated from it
-            return traj.finish("truncated", "max_tokens")
+            spent = "max_tokens" if limits["max_tokens"] <= 0 else "context"
+            return traj.finish_cut(f"{_cut_note(spent, cfg)}, before turn {turn_index}")
         if turn_hook is not None:
             await turn_hook()  # weight reloads happen only here, at a turn boundary
         # 2. Generate from the exact ids so far.
@@ -392,7 +411,7 @@ async def _turns(traj: Trajectory, policy: Policy, env: Env, codec: ChatCodec, c
         calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in action.tool_calls]
         turn = traj.builder.add_generation(gen.ids, gen.logprobs, gen.version, text, calls, time.monotonic() - t_gen)
         stats.generated_tokens += len(gen.ids)
-        cut = gen.finish_reason == "length" and used + len(gen.ids) >= cfg.max_tokens
+        cut_by = _cut_by(gen, limits)
         # 3. Step the environment (the slow part; other trajectories generate meanwhile).
         t_env = time.monotonic()
         result, error = await _step(env, action, cfg)
@@ -411,10 +430,11 @@ async def _turns(traj: Trajectory, policy: Policy, env: Env, codec: ChatCodec, c
             cut = _artifact_cut(env)
             if cut:
                 turn.error = f"{turn.error}; {cut}" if turn.error else cut
-                return traj.finish("truncated", result.finish_reason or "stop")
-            return traj.finish("ok", result.finish_reason or "stop")
-        if cut:
-            return traj.finish("truncated", "max_tokens")
+            if cut_by:  # the env took the cut reply as the answer: graded on a cut text
+                return traj.finish_cut(f"{_cut_note(cut_by, cfg)}; the env ended it ({result.finish_reason or 'stop'})")
+            return traj.finish("truncated" if cut else "ok", result.finish_reason or "stop")
+        if cut_by in ("max_tokens", "context") or (cut_by and turn_index == cfg.max_turns - 1):
+            return traj.finish_cut(_cut_note(cut_by, cfg))  # no budget left, or no turn left to finish it
         if turn_index == cfg.max_turns - 1:
             break  # the last allowed turn: no observation segment the policy would never read
         # 4. Append the observation segment (mask 0): closing glue + observations + next header.
@@ -430,6 +450,28 @@ async def _turns(traj: Trajectory, policy: Policy, env: Env, codec: ChatCodec, c
             segment = codec.continuation(glue, observations)
             traj.builder.add_observation(segment.ids, shown)
     return traj.finish("ok", "max_turns")
+
+
+def _cut_by(gen: Generation, limits: dict[str, int]) -> str | None:
+    """Which budget stopped a generation that ended "length" (None: it was not cut).
+
+    The trajectory's budgets are named before --max-new-tokens when they bound the turn as tightly: raising
+    --max-new-tokens alone would not have let the reply finish. "engine": the backend stopped it short of
+    every budget we set (a server's own context or max-tokens limit).
+    """
+    if gen.finish_reason != "length":
+        return None
+    return next((name for name, left in limits.items() if len(gen.ids) >= left), "engine")
+
+
+def _cut_note(cut_by: str, cfg: RolloutConfig) -> str:
+    """The `length: ...` text on a cut trajectory's last turn: which budget, and how large it was."""
+    return "length: " + {
+        "max_new_tokens": f"the reply reached --max-new-tokens ({cfg.max_new_tokens} tokens)",
+        "max_tokens": f"the trajectory reached --max-tokens ({cfg.max_tokens} response tokens)",
+        "context": f"the context reached the policy's limit ({cfg.max_context} tokens)",
+        "engine": "the inference engine stopped the reply at its own length limit",
+    }[cut_by]
 
 
 async def final_state_after_bound(row: TrajectoryRow, env: Env, cfg: RolloutConfig, stats: Stats) -> None:

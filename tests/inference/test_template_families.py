@@ -218,7 +218,9 @@ def test_random_model_multi_turn_is_token_exact(name, history, models, reference
         for sibling_rows in by_traj.values():
             sibling_rows.sort(key=lambda r: r.turns[0].index)
             assert [r.turns[0].index for r in sibling_rows] == [0, 1, 2]
-            assert [r.finish_reason for r in sibling_rows] == ["continued", "continued", "submit"]
+            # the last reply ends the episode; "length" when the 10-token budget cut it (issue 27 item 4)
+            assert [r.finish_reason for r in sibling_rows][:2] == ["continued", "continued"]
+            assert sibling_rows[-1].finish_reason in ("submit", "length")
             assert len({(r.group_id, r.sample_index, r.status) for r in sibling_rows}) == 1
             record = EchoEnv.log[sibling_rows[0].task_id]
             history_so_far: list[tuple[str, list]] = []

@@ -290,7 +290,7 @@ def test_hostile_env_values_are_written(tmp_path, tiny):
     assert_valid_utf8(rows)
     for row in rows:
         assert row["final_state"] == json.dumps({"answer": REPLACEMENT}, ensure_ascii=False)
-        assert row["turns"][0]["reward_step"] == 0.5 and row["turns"][0]["error"] == f"err {REPLACEMENT}"
+        assert row["turns"][0]["reward_step"] == 0.5 and row["turns"][0]["error"].split("; length: ")[0] == f"err {REPLACEMENT}"
         assert f"sys {REPLACEMENT}" in row["prompt_text"]
 
 

@@ -151,7 +151,7 @@ def test_groups_are_whole_and_bounds_hold(policy):
             assert len(r.turns) <= 2
             assert sum(r.response_mask) <= 30
             if r.status == "truncated":
-                assert r.finish_reason == "max_tokens"
+                assert r.finish_reason == "length"
     table = rows_to_table([r for g in groups for r in g])
     assert table.num_rows == 15
 
@@ -187,7 +187,8 @@ def test_tool_faults_become_observations(policy, mode, expected):
                         step_timeout=0.3, seed=0)
     groups, stats = run(policy, [{"task_id": "t0"}], cfg, lambda: FaultyEnv(mode))
     for row in groups[0]:
-        assert row.status == "ok" and row.finish_reason == "max_turns"
+        # max_turns ends it; a last reply the 8-token budget cut makes it truncated/length (issue 27 item 4)
+        assert (row.status, row.finish_reason) in (("ok", "max_turns"), ("truncated", "length"))
         assert row.env_errors == 2
         assert all(expected in t.error for t in row.turns)
         assert expected in row.turns[0].observation
@@ -219,7 +220,7 @@ def test_inference_failures_retry_then_policy_error(policy):
                         retries=2, retry_backoff=0.01)
     groups, _ = run(FlakyPolicy(policy, failures=2), [{"task_id": "t"}], cfg, lambda: FaultyEnv("ok"))
     row = groups[0][0]
-    assert row.status == "ok" and row.retries == 2 and len(row.turns) == 1
+    assert row.status in ("ok", "truncated") and row.retries == 2 and len(row.turns) == 1  # a cut reply: truncated
     groups, _ = run(FlakyPolicy(policy, failures=10), [{"task_id": "t"}], cfg, lambda: FaultyEnv("ok"))
     row = groups[0][0]
     assert row.status == "policy_error" and row.finish_reason == "error" and row.retries == 2

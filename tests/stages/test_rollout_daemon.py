@@ -59,7 +59,7 @@ def test_max_epochs_runs_every_task_once_per_epoch_with_different_samples(tmp_pa
     rows = rows_of(f"{run}/rollouts", ["task_id", "group_id", "sample_index", "response_ids", "status"])
     groups_per_task = Counter(task for task, _ in {(r["task_id"], r["group_id"]) for r in rows})
     assert groups_per_task == {"ft-0-0": 2, "ft-0-1": 2, "ft-0-2": 2}  # every task once per epoch
-    assert all(r["status"] == "ok" for r in rows)
+    assert all(r["status"] in ("ok", "truncated") for r in rows)  # truncated: a reply the 6-token budget cut
     # Epoch 1 is seeded differently from epoch 0: the same (task, sample) does not repeat its reply.
     by_key: dict[tuple, list] = {}
     for r in rows:

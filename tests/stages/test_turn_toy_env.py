@@ -70,7 +70,7 @@ def roll_two_first_tokens(tasks: list, group_size: int) -> list:
 
 def test_rollout_records_both_turns_with_their_step_rewards():
     rows = roll_two_first_tokens(toy._builtin_two({"n": "2", "seed": "0"}), group_size=2)
-    assert len(rows) == 4 and {r.status for r in rows} == {"ok"}
+    assert len(rows) == 4 and {r.status for r in rows} <= {"ok", "truncated"}  # truncated: a reply the budget cut
     for row in rows:
         assert [t.gen_len for t in row.turns] == [1, 1]  # one sampled token per turn
         for turn, (_, rule) in zip(row.turns, toy.TURN_RULES, strict=True):
