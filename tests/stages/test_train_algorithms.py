@@ -11,14 +11,13 @@ stops with the fix; DAPO's overlong penalty lands in the reward as a component t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from inprocess import arlctl
 from safetensors.torch import load_file
 
 from arlctl.errors import TerminalError, UsageError
@@ -169,16 +168,16 @@ def test_overlong_penalty_is_a_reward_component_through_the_cli(tmp_path):
     write_shard(table, str(tmp_path / "rollouts" / "r.parquet"), Lineage("rollout"))
     lengths = table.column("generated_tokens").to_pylist()
     l_max = max(lengths)
-    cmd = [str(Path(sys.executable).parent / "arlctl"), "reward", "--in", str(tmp_path / "rollouts"), "--out",
-           str(tmp_path / "rewarded"), "--reward", "math", "--overlong-penalty", f"{l_max},{l_max}", "--json"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd = ["reward", "--in", str(tmp_path / "rollouts"), "--out", str(tmp_path / "rewarded"), "--reward", "math",
+           "--overlong-penalty", f"{l_max},{l_max}", "--json"]
+    res = arlctl(*cmd)
     assert res.returncode == 0, res.stderr[-2000:]
     out = read_shard(scan(str(tmp_path / "rewarded")).shards[0])
     for row, n in zip(out.to_pylist(), lengths, strict=True):
         parts = dict(row["reward_components"])
         assert parts["overlong"] == pytest.approx((0 - n) / l_max)  # L_max - L_cache = 0: linear from the start
         assert row["reward"] == pytest.approx(sum(parts.values()), abs=1e-6)
-    bad = subprocess.run([*cmd[:-3], "--overlong-penalty", "10,20"], capture_output=True, text=True, timeout=120)
+    bad = arlctl(*cmd[:-3], "--overlong-penalty", "10,20")
     assert bad.returncode == 2 and "L_CACHE <= L_MAX" in bad.stderr
     assert json.loads(res.stdout)["rows"] == len(lengths)
 
