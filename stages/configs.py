@@ -224,7 +224,13 @@ class TrainConfig:
 
 @dataclass
 class FilterConfig:
-    keep_status: list[str] = setting(help="Statuses kept (repeatable).", factory=lambda: list(DEFAULT_KEEP_STATUS))
+    TRUNCATED = ("keep", "drop")  # the choices of --truncated (a class constant, not a setting)
+
+    keep_status: list[str] = setting(help="Statuses kept (repeatable); truncated rows are --truncated's.",
+                                     factory=lambda: list(DEFAULT_KEEP_STATUS))
+    truncated: str = setting("keep", "Rows of status truncated (a reply cut by a token budget or the context): keep "
+                                     "(trained on like ok rows, whatever --keep-status says) or drop (counted under "
+                                     "the truncated rule).")
     min_group_size: int = setting(2, "Fewest rows a group may keep.")
     keep_uniform: float = setting(0.0, "Fraction of zero-variance groups kept (signal only with --adv batch).")
     dedupe_threshold: float | None = setting(
@@ -253,6 +259,8 @@ class FilterConfig:
 
         if self.adv not in ADVANTAGE_MODES:
             raise UsageError(f"--adv must be one of {', '.join(ADVANTAGE_MODES)}, not {self.adv!r}")
+        if self.truncated not in self.TRUNCATED:
+            raise UsageError(f"--truncated must be one of {', '.join(self.TRUNCATED)}, not {self.truncated!r}")
         if self.batch_groups < 1 or self.min_groups < 1 or self.min_group_size < 1:
             raise UsageError("--batch-groups, --min-groups and --min-group-size must be >= 1")
         if not 0.0 <= self.keep_uniform <= 1.0:
@@ -271,6 +279,8 @@ class FilterConfig:
 
 @dataclass
 class RewardConfig:
+    ON_TRUNCATED = ("grade", "zero", "null")  # the choices of --on-truncated (a class constant, not a setting)
+
     reward: str = setting("math", "Reward function: math, swe, format, a plugin name, module:attr, auto (per row "
                                   "env), a weighted sum such as 'swe + 0.2*judge', or http://HOST:PORT/NAME (a "
                                   "reward served by `arlctl reward-serve`).")
@@ -288,8 +298,13 @@ class RewardConfig:
     cache_flush_s: float = setting(60.0, "Write the cache's new entries at least this often while a shard is "
                                          "scored (seconds; and after each shard): a crash loses at most this much "
                                          "grading.")
+    on_truncated: str = setting("grade", "Rows of status truncated (a reply cut by --max-new-tokens, --max-tokens or "
+                                         "the context): grade (as any row), zero (reward 0, not graded) or null "
+                                         "(no reward, reward_info.error says why; filter drops them).")
 
     def check(self) -> None:
+        if self.on_truncated not in self.ON_TRUNCATED:
+            raise UsageError(f"--on-truncated must be one of {', '.join(self.ON_TRUNCATED)}, not {self.on_truncated!r}")
         if not 0.0 <= self.max_error_frac <= 1.0:
             raise UsageError(f"--max-error-frac is a fraction in [0, 1], not {self.max_error_frac}")
         if self.concurrency < 1:

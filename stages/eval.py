@@ -9,6 +9,8 @@ numbers. Everything here is a pure function of rows, so it is tested on hand-bui
   graded       a row counts when it has a reward and is the model's answer: rows with reward null (the grader
                could not grade it) and rows whose trajectory ended env_error, policy_error or aborted
                (infrastructure, not the model) are left out of every rate and counted, by cause, in the summary
+  truncated    rows whose reply a token budget or the context cut (status truncated) are the model's answer:
+               graded like any row, and counted (`truncated`) so a rate held down by the budget shows it
   correct_rate correct / graded rows; its standard error is clustered by task, sqrt(sum_i (c_i - p n_i)^2) / N,
                which is the binomial sqrt(p (1 - p) / N) when each task has one row (greedy)
   pass@k       the unbiased estimator 1 - C(n-c, k) / C(n, k) per task (arlctl/envs/code.py `pass_at_k`, its one
@@ -178,7 +180,8 @@ def summarize_mode(rows: list[Outcome], correct_at: float, k_max: int) -> dict[s
             "mean_reward": sum(rewards) / len(rewards) if rewards else None,
             "pass_at_k": pass_at_ks(tasks, k_max),
             "null_reward": sum(null_causes.values()), "null_reward_causes": null_causes,
-            "not_answers": sum(status.get(s, 0) for s in NOT_ANSWERS), "status": dict(sorted(status.items()))}
+            "not_answers": sum(status.get(s, 0) for s in NOT_ANSWERS), "truncated": status.get("truncated", 0),
+            "status": dict(sorted(status.items()))}
 
 
 def summarize(rows_by_mode: dict[str, list[Outcome]], cfg: EvalConfig) -> dict[str, Any]:
@@ -190,7 +193,7 @@ def summarize(rows_by_mode: dict[str, list[Outcome]], cfg: EvalConfig) -> dict[s
     top = dict(blocks[primary])
     if "sampled" in blocks:
         top["pass_at_k"] = blocks["sampled"]["pass_at_k"]  # pass@k comes from the K samples
-    for key in ("n_rows", "n_graded", "null_reward", "not_answers"):
+    for key in ("n_rows", "n_graded", "null_reward", "not_answers", "truncated"):
         top[key] = sum(b[key] for b in blocks.values())
     top["null_reward_causes"] = _sum_counts(b["null_reward_causes"] for b in blocks.values())
     top["status"] = _sum_counts(b["status"] for b in blocks.values())

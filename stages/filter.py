@@ -10,6 +10,9 @@ recorded with its rule name so an audit can account for every trajectory:
                       also a turn whose tool_calls is not a JSON list of objects; with --adv turn /
                       turn-mean also unusable step rewards (a non-finite reward_step, a reward_info
                       step_rewards that is not a list of finite numbers or nulls, one per turn)
+  0b. truncated       with --truncated drop, rows of status truncated (a reply cut by a token budget or the
+                      context: finish_reason "length", or "max_tokens" in older rows); with --truncated keep
+                      (the default) they pass this rule and completeness as ok rows do
   1. completeness     status not in --keep-status (default: ok), or no reward yet (in the turn modes also a
                       step the judge could not grade: its reward_info step_rewards entry is null)
   1b. untrusted      rows whose reward_info says trusted: false (the verdict was computed where the
@@ -120,7 +123,7 @@ from arlctl.stages.turn_credit import (
 )
 from arlctl.turn_rows import CONTINUED, first_turn_indices
 
-RULES = ("invalid_values", "completeness", "untrusted", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
+RULES = ("invalid_values", "truncated", "completeness", "untrusted", "group_integrity", "zero_variance", "duplicate", "staleness", "where", "balance")
 
 
 @dataclass
@@ -229,13 +232,18 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
         invalid.extend(unusable)
         drop(bad_rows(unusable), "invalid_values")
 
+    # 0b. truncated: a cut reply is trained on (keep) or not (drop); either way --keep-status does not judge it.
+    status = table.column("status").to_pylist()
+    if cfg.truncated == "drop":
+        drop([i for i in range(n) if status[i] == "truncated"], "truncated")
+    keep_status = set(cfg.keep_status) | {"truncated"}
+
     # 1. completeness: only finished, rewarded trajectories are trained on; a per-turn trajectory whose
     # rows are not all here (a gap in its turn indices, no final row) is not a finished trajectory either,
     # and in the turn modes nor is one with a step the judge could not grade (no score is not a 0).
-    status = table.column("status").to_pylist()
     reasons = table.column("finish_reason").to_pylist()
     reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)  # null -> nan
-    drop([i for i in range(n) if status[i] not in cfg.keep_status or math.isnan(reward[i])
+    drop([i for i in range(n) if status[i] not in keep_status or math.isnan(reward[i])
           or (_is_turn_row(i, members, first, reasons) and _incomplete(members[i], first, reasons))
           or (steps and steps[i] is not None and None in steps[i])],
          "completeness")

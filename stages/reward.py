@@ -25,6 +25,12 @@ scoring, into `_quarantine/<stem>.rows.parquet` beside its shard, and named (sha
 cause) among the row errors under the cause invalid_row; the shard's other rows are rewarded and written.
 A shard larger than the read caps (arlctl/io/shards.py ReadLimits) is an unreadable shard.
 
+Truncated rows (status truncated: the reply was cut by a token budget or the context, finish_reason
+"length"; stages/agent_loop.py) are graded as configured by --on-truncated: grade (as any row, the
+default), zero (reward 0 with reward_info.truncated "zero", not graded, no overlong penalty) or null
+(reward null with reward_info.error TRUNCATED_NULL: a row error of cause `truncated`, which filter's
+completeness drops). The summary counts the truncated rows it saw, and the mode.
+
 Scoring goes through arlctl/rewards/scoring.py: a reward with `score_group` (it compares the members of a
 GRPO group) is called once per group of the shard (rows sharing group_id, in row order) and an error
 there nulls that group's rows with the cause; composite rewards (`swe + 0.2*judge`,
@@ -82,6 +88,8 @@ class RewardSummary:
     cache_hits: int = 0  # (row, reward component) lookups answered by the reward cache
     cache_misses: int = 0  # ... and those scored (both 0 without a cache)
     interrupted: str | None = None  # a stop (SIGTERM) came during a shard: which one, left pending
+    truncated: int = 0  # rows of status truncated, handled as on_truncated says
+    on_truncated: str = "grade"
 
     def add_causes(self, causes: dict[str, int]) -> None:
         for cause, count in causes.items():
@@ -93,6 +101,7 @@ class RewardSummary:
                 "mean_reward": (self.reward_sum / self.rewarded) if self.rewarded else None,
                 "corrupt": self.corrupt, "row_errors": self.row_errors, "error_causes": self.error_causes,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
+                "truncated": self.truncated, "on_truncated": self.on_truncated,
                 "interrupted": self.interrupted, "seconds": round(self.seconds, 3)}
 
     @property
@@ -106,13 +115,14 @@ class RewardSummary:
 
     def merge(self, other: RewardSummary) -> None:
         """Add another round's counts (a --watch daemon reports its total)."""
-        for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum", "cache_hits", "cache_misses"):
+        for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum", "cache_hits", "cache_misses", "truncated"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.written += other.written
         self.corrupt += other.corrupt
         self.row_errors += other.row_errors
         self.add_causes(other.error_causes)
         self.interrupted = self.interrupted or other.interrupted
+        self.on_truncated = other.on_truncated
 
     def summary_line(self, version: str, out: str, dry_run: bool = False, cache: bool = False) -> str:
         mean = "-" if not self.rewarded else f"{self.reward_sum / self.rewarded:.4f}"
@@ -121,11 +131,14 @@ class RewardSummary:
                 f"{'would write' if dry_run else 'wrote'} {shards} shards to {out}; skipped {self.skipped_consumed} "
                 "already consumed" + (f"; reward cache: {self.cache_hits} hits, {self.cache_misses} misses"
                                       if cache else "")
+                + (f"; {self.truncated} truncated ({TRUNCATED_SHOWN[self.on_truncated]})" if self.truncated else "")
                 + (f"; {len(self.row_errors)} rows got no reward (see above)" if self.row_errors else "")
                 + (f"; {self.interrupted}" if self.interrupted else ""))
 
 
 RewardResult = RewardSummary  # the stage's result type, under the name every stage uses
+TRUNCATED_SHOWN = {"grade": "graded", "zero": "reward 0", "null": "no reward"}  # --on-truncated in the summary
+TRUNCATED_NULL = "truncated: the reply was cut (finish_reason {reason}) and --on-truncated null leaves it ungraded"
 
 
 @dataclass
@@ -189,6 +202,7 @@ class _Unit:
     scored: int | None  # the row whose final_state and task are graded; None: `error` instead
     reward: Scorer | None
     error: str | None = None
+    preset: Scored | None = None  # decided without grading (--on-truncated zero | null)
 
 
 def _units(table: pa.Table, reward: Scorer | AutoReward) -> list[_Unit]:
@@ -226,10 +240,10 @@ def _units(table: pa.Table, reward: Scorer | AutoReward) -> list[_Unit]:
 async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], ctx: ScoreContext) -> list[Scored]:
     """Score every unit once, each reward over all of its units at once (group and batch rewards see them
     together); async scorers (sandboxed graders, judges) run `ctx.slots` at a time."""
-    out: list[Scored] = [row_error(str(u.error)) for u in units]
+    out: list[Scored] = [u.preset if u.preset is not None else row_error(str(u.error)) for u in units]
     by_reward: dict[int, tuple[Any, list[int], list[Item]]] = {}
     for u, unit in enumerate(units):
-        if unit.scored is None or unit.reward is None:
+        if unit.scored is None or unit.reward is None or unit.preset is not None:
             continue
         row = rows[unit.scored]
         task = _parse_task(row["task"])
@@ -251,9 +265,22 @@ async def _score_units(units: list[_Unit], rows: list[dict[str, Any]], ctx: Scor
     return out
 
 
+def _on_truncated(units: list[_Unit], table: pa.Table, mode: str) -> None:
+    """--on-truncated zero | null: the units whose graded row is truncated get their result without grading."""
+    if mode == "grade":
+        return
+    status, reasons = table.column("status").to_pylist(), table.column("finish_reason").to_pylist()
+    for unit in units:
+        if unit.scored is None or status[unit.scored] != "truncated":
+            continue
+        reason = reasons[unit.scored]
+        unit.preset = ((0.0, {"truncated": 0.0}, {"truncated": "zero", "finish_reason": reason}) if mode == "zero"
+                       else (None, None, {"error": TRUNCATED_NULL.format(reason=reason), "truncated": "null"}))
+
+
 def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int = 4,
                  cache: RewardCache | None = None, overlong: tuple[int, int] | None = None,
-                 stop: Any = None) -> pa.Table:
+                 stop: Any = None, on_truncated: str = "grade") -> pa.Table:
     """Return `table` with the reward columns filled by `reward`; every other column is unchanged.
 
     overlong: (L_max, L_cache) of DAPO's soft overlong penalty (arlctl/rl/advantages.py `overlong_penalty`),
@@ -267,9 +294,12 @@ def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int 
     stop: anything with is_set() (SIGTERM/SIGINT set it). Once set, no further row is scored and the calls
     in flight are cancelled (a remote request dripping its answer included): Interrupted, a TransientError,
     and nothing of the table is returned.
+
+    on_truncated: grade | zero | null, for the trajectories of status truncated (see the module's docstring).
     """
     rows = table.select(["task", "final_state", "turns", "trajectory_id", "group_id"]).to_pylist()
     units = _units(table, reward)
+    _on_truncated(units, table, on_truncated)
 
     async def score() -> list[Scored]:
         return await until_stopped(_score_units(units, rows, ScoreContext(Slots(concurrency, stop=stop), cache)),
@@ -283,7 +313,7 @@ def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int 
     versions: list[str | None] = [None] * n
     generated = table.column("generated_tokens").to_pylist()
     for unit, (value, parts, info) in zip(units, scored, strict=True):
-        if overlong is not None and value is not None:
+        if overlong is not None and value is not None and unit.preset is None:
             penalty = _overlong(sum(generated[i] or 0 for i in unit.rows), overlong)
             value, parts = value + penalty, {**(parts or {"reward": value}), "overlong": penalty}
         text = json.dumps(info, sort_keys=True, default=str)
@@ -318,6 +348,8 @@ def error_cause(error: str, infra: bool) -> str:
         return "no_reward_for_env"
     if error == NO_FINAL_ROW or "per-turn trajectory" in error:
         return "incomplete_trajectory"
+    if error.startswith(TRUNCATED_NULL.split(":")[0] + ":"):
+        return "truncated"
     if not infra:
         return "reward_error"
     if "cannot import pytest" in error or "No module named 'pytest'" in error or "No module named pytest" in error:
@@ -363,7 +395,7 @@ def output_name(input_url: str) -> str:
 def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurrency: int = 4, on_corrupt: str = "raise",
                dry_run: bool = False, only: list[str] | None = None, worker: tuple[int, int] = (0, 1),
                stop: Any = None, cache: RewardCache | None = None,
-               overlong: tuple[int, int] | None = None) -> RewardSummary:
+               overlong: tuple[int, int] | None = None, on_truncated: str = "grade") -> RewardSummary:
     """Reward every input shard not yet consumed by out_url. Returns what was done.
 
     worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n
@@ -372,13 +404,15 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
     `interrupted` names it (the command then exits 75 once it has reported what was written).
     cache: rows it holds are not scored again; each shard's new entries are appended to it (one file)
     before the shard is written, and also when its scoring stops on a TransientError (not with dry_run).
+    on_truncated: grade | zero | null for the rows of status truncated.
     """
     start = time.monotonic()
-    summary = RewardSummary()
+    summary = RewardSummary(on_truncated=on_truncated)
     done = consumed_inputs(out_url, same_name=True)  # 1:1: rewarded/X vouches only for rollouts/X
     unreadable: list[CorruptShardError] = []
     cfg_hash = config_hash({"reward": reward.name, "version": reward.version}
-                           | ({"overlong": list(overlong)} if overlong else {}))
+                           | ({"overlong": list(overlong)} if overlong else {})
+                           | ({"on_truncated": on_truncated} if on_truncated != "grade" else {}))
     hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
     for shard in only if only is not None else partition(scan(in_url).shards, *worker):
         if stop is not None and stop.is_set():
@@ -403,7 +437,8 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         summary.row_errors += set_aside
         summary.add_causes({"invalid_row": len(set_aside)} if set_aside else {})
         try:
-            rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong, stop=stop)
+            rewarded = reward_table(table, reward, concurrency, cache, overlong=overlong, stop=stop,
+                                    on_truncated=on_truncated)
         except Interrupted:  # stopped half-way: this shard is not written; what was done is reported
             summary.interrupted = f"stopped by a signal while scoring {basename(shard)}: not written, it stays pending"
             break
@@ -412,6 +447,7 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
                 cache.flush()
         summary.rows += rewarded.num_rows
         summary.reward_sum += sum(v for v in rewarded.column("reward").to_pylist() if v is not None)
+        summary.truncated += rewarded.column("status").to_pylist().count("truncated")
         summary.row_errors += row_errors(rewarded, shard)
         summary.add_causes(error_causes(rewarded))
         if dry_run:
@@ -471,4 +507,4 @@ def run(cfg: RewardConfig, io: RewardIO, stop: Any = None, reward: Scorer | Auto
         reward = AutoReward() if cfg.reward == "auto" else build_reward(cfg.reward, cfg.reward_opt)
     return reward_dir(io.in_url, io.out, reward, concurrency=cfg.concurrency,
                       on_corrupt="quarantine" if cfg.quarantine else "raise", dry_run=io.dry_run, worker=io.worker,
-                      stop=stop, cache=cache, overlong=cfg.overlong())
+                      stop=stop, cache=cache, overlong=cfg.overlong(), on_truncated=cfg.on_truncated)

@@ -33,7 +33,7 @@ HELP = """Evaluate a policy on held-out tasks with the eval's own sampling: gree
 
   arlctl eval --run runs/r1 --compare v0 v40
 
-summary.json holds name, version, policy, tasks, samples, temperature, n_tasks, n_rows, correct_rate with its standard error (clustered by task), mean_reward, pass_at_k {k: value} for k = 1, 2, 4, ..., K (the unbiased estimator), the rows without a reward and the rows that are not the model's answer (env_error, policy_error, aborted), by cause: they are left out of the rates and counted, never dropped silently. A row is correct when its reward >= --correct-at (default 1.0). With greedy and sampled both, the top-level numbers are the greedy ones (pass@k the sampled ones) and `by_mode` holds each.
+summary.json holds name, version, policy, tasks, samples, temperature, n_tasks, n_rows, truncated (rows a token budget cut: graded, and shown in the table), correct_rate with its standard error (clustered by task), mean_reward, pass_at_k {k: value} for k = 1, 2, 4, ..., K (the unbiased estimator), the rows without a reward and the rows that are not the model's answer (env_error, policy_error, aborted), by cause: they are left out of the rates and counted, never dropped silently. A row is correct when its reward >= --correct-at (default 1.0). With greedy and sampled both, the top-level numbers are the greedy ones (pass@k the sampled ones) and `by_mode` holds each.
 
 A version whose summary.json exists is not evaluated again (--force does); one stopped half-way starts again from nothing. With --watch it follows the policy directory (--policy when it is one, else RUN/policy) and evaluates each published version whose number is a multiple of --every, oldest first, until SIGINT/SIGTERM; a --policy that is a model (default, tiny, an HF directory) is evaluated first, as its own version (0). `arlctl up` runs it as the `eval` stage.
 
@@ -188,6 +188,8 @@ def _once(job: Any, spec: str, backend: str, opts: dict[str, Any], log: Any, as_
     if as_json:
         print_json(result.to_json())
     console.print(plain(result.summary_line()), soft_wrap=True)
+    if result.summary is not None:
+        console.print(mode_table(result.summary))
     if result.interrupted:
         raise TerminalError(f"interrupted: v{result.version} was not evaluated",
                             hint="run it again; the version starts from nothing")
@@ -205,7 +207,7 @@ def _watch(job: Any, follow: str, first: str | None, backend: str, opts: dict[st
     async def main() -> Any:
         stop = stop_on_signals("stopping the eval watcher (an unfinished version stays unevaluated)")
         return await watch(job, follow, _loader(backend, opts), stop, poll, first=first, log=log,
-                           on_result=lambda r: console.print(plain(r.summary_line()), soft_wrap=True))
+                           on_result=lambda r: _print_result(r))
 
     result = asyncio.run(main())
     if as_json:
@@ -214,6 +216,26 @@ def _watch(job: Any, follow: str, first: str | None, backend: str, opts: dict[st
                         + (f"; {len(result.failed)} could not be: "
                            + "; ".join(f"v{v}: {why}" for v, why in result.failed.items()) if result.failed else "")),
                   soft_wrap=True)
+
+
+def _print_result(result: Any) -> None:
+    console.print(plain(result.summary_line()), soft_wrap=True)
+    if result.summary is not None:
+        console.print(mode_table(result.summary))
+
+
+def mode_table(summary: dict[str, Any]) -> Any:
+    """Each evaluated mode's rows: how many were graded and correct, and those cut by a token budget
+    (truncated: graded, but a low rate may be the budget's), without a reward, or not the model's answer."""
+    from rich.table import Table
+
+    table = Table("mode", "rows", "graded", "correct", "truncated", "no reward", "not answers", title_justify="left")
+    for mode, block in summary.get("by_mode", {}).items():
+        rate = "-" if block["correct_rate"] is None else f"{block['correct_rate']:.3f}"
+        table.add_row(mode, str(block["n_rows"]), str(block["n_graded"]), rate,
+                      str(block.get("truncated", block["status"].get("truncated", 0))),
+                      str(block["null_reward"]), str(block["not_answers"]))
+    return table
 
 
 def _dry_run(job: Any, follow: str | None, first: str | None, watch: bool) -> None:

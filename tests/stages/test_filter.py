@@ -40,11 +40,13 @@ def kept_groups(table, cfg, version=0):
 def test_completeness_drops_unfinished_and_unrewarded_rows():
     table = rows_to_table([row("a", 0, 1.0), row("a", 1, 0.0), row("a", 2, 0.0, status="truncated"),
                            row("a", 3, None), row("a", 4, 1.0, status="timeout")])
+    # A truncated row is --truncated's (default keep), not --keep-status's.
     _, res = kept_groups(table, FilterConfig())
-    assert res.counts["completeness"] == 3
-    assert res.keep.tolist() == [True, True, False, False, False]
-    _, res = kept_groups(table, FilterConfig(keep_status=["ok", "truncated"]))
     assert res.counts["completeness"] == 2  # the unrewarded row and the timeout
+    assert res.keep.tolist() == [True, True, True, False, False]
+    _, res = kept_groups(table, FilterConfig(truncated="drop"))
+    assert (res.counts["truncated"], res.counts["completeness"]) == (1, 2)
+    assert res.keep.tolist() == [True, True, False, False, False]
 
 
 def test_group_integrity_keeps_whole_groups_only():
