@@ -29,14 +29,15 @@ WORDS = ["stone", "lamp"]
 
 
 def arlctl(*args: str) -> subprocess.CompletedProcess:
-    """The real CLI in this process; plugins it loads leave the process-wide tables as they were."""
-    saved = dict(registry.ENVS), dict(registry.REWARDS), dict(registry.SOURCES)
+    """The real CLI in this process. The plugins it loads are forgotten after it (they are uninstalled when
+    the module ends); built-ins it imported stay registered, as their modules stay imported."""
+    before = set(registry.SOURCES)
     try:
         return arlctl_in_process(*args)
     finally:
-        for table, before in zip((registry.ENVS, registry.REWARDS, registry.SOURCES), saved, strict=True):
-            table.clear()
-            table.update(before)
+        for what, name in set(registry.SOURCES) - before:
+            (registry.ENVS if what == "env" else registry.REWARDS).pop(name, None)
+            del registry.SOURCES[(what, name)]
 
 
 def arlctl_process(*args: str) -> subprocess.CompletedProcess:
