@@ -235,6 +235,7 @@ def test_a_group_that_cannot_even_be_recorded_still_counts_its_trajectories(tiny
     monkeypatch.setattr(stage, "Trajectory", unbuildable)
     stats = Stats()
     stats.outcomes["ok"] = 1  # one good trajectory elsewhere in the run
-    rows = stage._failed_group({"task_id": "t"}, tiny, RolloutConfig(env="fault", group_size=3), 0, stats)
+    rows = stage._failed_group({"task_id": "t"}, tiny, RolloutConfig(env="fault", group_size=3), 0, stats,
+                               "group-t", [0, 1, 2])
     assert rows == [] and stats.outcomes == {"ok": 1, "env_error": 3}
     assert stats.error_fraction() == pytest.approx(3 / 4)
