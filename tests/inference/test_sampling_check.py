@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
+from inprocess import arlctl
 
 from arlctl.errors import UsageError
 from arlctl.inference.base import SamplingParams
 from arlctl.inference.sampling_check import MAX_NEW_TOKENS, check_sampling, sampling_params
 from arlctl.models import tiny_model_dir
 
-ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 NAN, INF = float("nan"), float("inf")
 
 # (field, hostile value, what the error names) — each one is a value a client or a typo can produce.
@@ -123,9 +121,8 @@ def test_openai_backend_rejects_hostile_sampling_before_any_request():
 ])
 def test_rollout_rejects_hostile_sampling_options_with_exit_2(tmp_path, option, value, message):
     out = tmp_path / "rollouts"
-    result = subprocess.run([*ARLCTL, "rollout", "--env", "math", "--tasks", "builtin:math?n=2&seed=0",
-                             "--policy", "tiny", "--out", str(out), "-G", "1", "-q", option, value],
-                            capture_output=True, text=True, timeout=300)
+    result = arlctl("rollout", "--env", "math", "--tasks", "builtin:math?n=2&seed=0", "--policy", "tiny",
+                    "--out", str(out), "-G", "1", "-q", option, value)
     assert result.returncode == 2, result.stderr
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
