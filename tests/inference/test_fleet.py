@@ -67,6 +67,10 @@ def engines():
     for engine in made:
         engine.stop()
 
+# Every trajectory ran its 3 turns: the last reply hits max_new_tokens=5, so a row is ok or truncated
+# (issue 27 item 4), never aborted or failed by the engine moves.
+_COMPLETED = {"ok", "truncated"}
+
 
 def _policy(servers=(), servers_file=None, **opts) -> OpenAIPolicy:
     defaults = {"poll_s": 0.05, "backoff_s": 0.05, "down_s": 0.2, "metrics_every_s": 0.2}
@@ -307,7 +311,7 @@ def test_mixed_versions_and_a_killed_engine(proc_engine, engines):
     rows: list = []
     asyncio.run(rollout(tasks, policy, lambda: TurnsEnv(delay_s=0.1), cfg, _rows_sink(rows),
                         turn_hook=kill_once_it_has_served))
-    assert len(rows) == 8 and {r["status"] for r in rows} == {"ok"} and all(r["num_turns"] == 3 for r in rows)
+    assert len(rows) == 8 and {r["status"] for r in rows} <= _COMPLETED and all(r["num_turns"] == 3 for r in rows)
     served_here = [(p, o) for p, o in local.served()]
     moved = 0
     for row in rows:
@@ -365,7 +369,7 @@ def test_engine_joins_a_running_rollout_and_the_metrics_row(tmp_path, engines):
 
     result = asyncio.run(go())
     rows = pq.read_table(str(run / "rollouts")).to_pylist()
-    assert len(rows) == 16 and {r["status"] for r in rows} == {"ok"} and all(r["num_turns"] == 3 for r in rows)
+    assert len(rows) == 16 and {r["status"] for r in rows} <= _COMPLETED and all(r["num_turns"] == 3 for r in rows)
     first_turns = {tuple(r["prompt_ids"]) for r in rows}
     on_b = [p for p, _ in b.served() if tuple(p) in first_turns]
     assert on_b, "the engine that joined mid-run took no first turns"
