@@ -42,3 +42,11 @@ class NoShardsError(TerminalError):
     def __init__(self, location: str):
         super().__init__(f"no shards found at {location}", hint="check the path; shards are *.parquet files")
         self.location = location
+
+
+def did_you_mean(word: str, candidates: list[str] | set[str] | tuple[str, ...]) -> str | None:
+    """'did you mean X?' (or 'X or Y?') for the candidates closest to a mistyped name, else None."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(candidates), n=2, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}?" if close else None

@@ -128,6 +128,7 @@ SCHEMAS: dict[int, pa.Schema] = {
 }
 
 COLUMN_NAMES = [name for name, *_ in _COLUMNS]
+V1_COLUMN_NAMES = [name for name, *_ in _COLUMNS_V1]  # what every readable version has: a trajectory shard's mark
 STATUSES = ("ok", "truncated", "timeout", "env_error", "policy_error", "aborted")
 # "continued": a row of `rollout --history per-turn` that is not its trajectory's last (arlctl/turn_rows.py).
 # "length": a token budget (--max-new-tokens, --max-tokens) or the context cut the last reply; rows written

@@ -24,7 +24,7 @@ from arlctl.cli.options import (
 )
 from arlctl.errors import UsageError
 from arlctl.io.fs import join
-from arlctl.io.run import RunLayout
+from arlctl.io.run import RunLayout, resolve_io
 from arlctl.stages.configs import FilterConfig
 
 MAX_INVALID_SHOWN = 10  # invalid rows named on stderr per invocation; --json carries them all
@@ -75,9 +75,9 @@ def register(app: typer.Typer) -> None:
 
         if run is None and (in_url is None or out_url is None):
             raise UsageError("give --in and --out, or --run RUN")
+        in_url, out_url = resolve_io("filter", run, in_url, out_url, watch=watch)
         layout = RunLayout(run) if run else None
-        out_url = out_url or layout.batches
-        io = FilterIO(in_url=in_url or layout.rewarded, out=out_url,
+        io = FilterIO(in_url=in_url, out=out_url,
                       metrics=metrics or (layout.metrics if layout else join(out_url, "..", "metrics")),
                       policy_dir=policy_dir or (layout.policy if layout else None),
                       ckpt_dir=ckpt_dir or (layout.checkpoints if layout else None),

@@ -60,7 +60,10 @@ def register(app: typer.Typer) -> None:
         as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout."),
         limit: int = typer.Option(1000, "--max-rows", help="Rows shown in the table view."),
     ) -> None:
-        con = connect(gather_shards(paths))
+        shards = gather_shards(paths)
+        foreign: list[str] = []
+        con = connect(shards, foreign=foreign)
+        _warn_foreign(foreign, len(shards))
         try:
             result = con.execute(sql)
         except duckdb.Error as err:
@@ -82,6 +85,20 @@ def register(app: typer.Typer) -> None:
             table.add_row(*[plain(_cell(v)) for v in row])  # shard text: never markup or escape codes
         console.print(table)
         console.print(f"[dim]{len(rows)} rows[/]")
+
+
+def _warn_foreign(foreign: list[str], total: int) -> None:
+    """Parquet files that are not trajectory shards are never counted silently among the trajectories."""
+    if not foreign:
+        return
+    shown = ", ".join(one_line(name) for name in foreign[:MAX_STRAYS_SHOWN])
+    more = f" and {len(foreign) - MAX_STRAYS_SHOWN} more" if len(foreign) > MAX_STRAYS_SHOWN else ""
+    if len(foreign) == total:
+        console.print(f"[yellow]warning:[/] none of the {total} Parquet file(s) is a trajectory shard: "
+                      f"`trajectories` holds their own columns ({escape(shown)}{more})", soft_wrap=True)
+    else:
+        console.print(f"[yellow]warning:[/] {len(foreign)} Parquet file(s) not read (not trajectory shards: "
+                      f"no trajectory columns): {escape(shown)}{more}", soft_wrap=True)
 
 
 def _cell(value: object) -> str:

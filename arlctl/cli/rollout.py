@@ -40,7 +40,7 @@ HELP = """Run the policy on tasks: G samples per task (a GRPO group), many traje
 
 Ctrl-C (or SIGTERM) stops new work, ends in-flight trajectories as `aborted` and flushes everything. The same command again resumes: it rolls out only the (task, sample) pairs the output does not hold yet; other settings (a new --temperature, a newer policy version) start afresh, and say so.
 
-With --watch it runs as a daemon: epoch after epoch over the tasks (--max-epochs N to stop), reloading the policy at turn boundaries when RUN/policy/LATEST names a newer version (checked every --poll s), and holding back new groups while the untrained backlog would exceed --max-pending rows or the trainer is more than --max-staleness versions ahead (README "Running as daemons").
+With --watch it runs as a daemon: epoch after epoch over the tasks (--max-epochs N to stop), reloading the policy at turn boundaries when RUN/policy/LATEST names a newer version (checked every --poll s), and holding back new groups while the untrained backlog would exceed --max-pending rows or a new group's projected lag at train time (the trainer's version plus the batches queued in front of it, minus the policy version) would exceed --max-staleness (docs/daemons.md).
 """
 
 
@@ -122,7 +122,11 @@ def register(app: typer.Typer) -> None:
             _dry_run(task_list, picker, policy, template_kwargs, cfg.tool_format)
             return
         _preflight(env_names, options.get("sandbox"), backend)
-        _, out = resolve_io("rollout", run, None, out)
+        if not policy.startswith("oracle:"):  # a missing or wrong policy is an error before anything is made
+            from arlctl.inference.loader import resolve_policy
+
+            resolve_policy(policy, progress=not quiet)
+        _, out = resolve_io("rollout", run, None, out, watch=watch)
         # The command's own options that complete the loop settings (--env from the tasks, --top-up gating).
         cfg = dataclasses.replace(cfg, env=env, max_top_up=max_top_up if top_up else 0, template_kwargs=template_kwargs)
         job = job_api.RolloutJob(
@@ -155,7 +159,7 @@ def register(app: typer.Typer) -> None:
         if result.template_rewrites_history and cfg.history == "full":
             console.print("note: the chat template re-renders earlier turns (it drops their reasoning); rows keep "
                           "what the model saw, prefix-consistent. --history per-turn renders every turn's prompt "
-                          "as the template does (README \"Chat templates\").", markup=False)
+                          "as the template does (docs/inference.md, \"Chat templates, tool calls and history\").", markup=False)
         failed = result.failure(len(task_list), max_error_frac)
         if failed is not None:
             dead = dead_fleet(pol)

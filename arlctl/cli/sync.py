@@ -10,7 +10,7 @@ from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import run_stage
 from arlctl.cli.options import DryRunOpt, JsonOpt, LockWaitOpt, PollOpt, RunOpt, WatchOpt, config_command
 from arlctl.errors import UsageError
-from arlctl.io.run import RunLayout
+from arlctl.io.run import resolve_io
 from arlctl.stages.configs import SyncConfig
 
 HELP = """Publish the newest complete checkpoint as POLICYDIR/vNNNNNN (HF files + version.json with the sha256 of the weights), atomically replace POLICYDIR/LATEST, keep the newest --keep versions. Idempotent: re-running with nothing new does nothing. A checkpoint whose weights hold NaN or inf is refused (exit 1, naming the tensor) and LATEST keeps naming the last good version.
@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
 
         if run is None and (ckpt is None or policy_dir is None):
             raise UsageError("give --ckpt and --policy-dir, or --run RUN")
-        io = SyncIO(ckpt=ckpt or RunLayout(run).checkpoints, policy_dir=policy_dir or RunLayout(run).policy,
-                    dry_run=dry_run)
+        ckpt, policy_dir = resolve_io("sync", run, ckpt, policy_dir, watch=watch, flags=("--ckpt", "--policy-dir"))
+        io = SyncIO(ckpt=ckpt, policy_dir=policy_dir, dry_run=dry_run)
 
         def once(stop) -> dict:
             result = stage.run(cfg, io, stop)

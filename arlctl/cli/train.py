@@ -24,7 +24,7 @@ from arlctl.cli.options import (
     config_command,
 )
 from arlctl.errors import UsageError
-from arlctl.io.run import RunLayout
+from arlctl.io.run import RunLayout, resolve_io
 from arlctl.stages.configs import TrainConfig
 
 HELP = """Train the policy on batch shards: one optimizer step per shard, in name order, each shard once.
@@ -81,10 +81,11 @@ def register(app: typer.Typer) -> None:
 
         if run is None and (in_url is None or out is None):
             raise UsageError("give --in and --out, or --run RUN")
+        in_url, out = resolve_io("train", run, in_url, out, watch=watch)
         if nproc:
             raise typer.Exit(_launch_torchrun(nproc))
         layout = RunLayout(run) if run else None
-        io = TrainIO(in_url=in_url or layout.batches, out=out or layout.checkpoints, policy=policy,
+        io = TrainIO(in_url=in_url, out=out, policy=policy,
                      metrics=metrics or (layout.metrics if layout else None), resume=resume)
         if dry_run:
             _dry_run(stage.plan(cfg, io), cfg, io, as_json)

@@ -35,7 +35,7 @@ from importlib import metadata
 from typing import Any
 
 from arlctl.envs.base import Env, EnvFactory, as_env, missing_methods
-from arlctl.errors import UsageError
+from arlctl.errors import UsageError, did_you_mean
 
 EnvMaker = Callable[..., Any]  # options -> an env object (a class, or a plugin's function)
 ScoreFn = Callable[..., tuple[float, dict[str, float], dict[str, Any]]]
@@ -159,7 +159,10 @@ def _ensure(name: str, table: dict[str, Any], what: str) -> None:
     points = entry_points(_PLUGIN_TABLES[what][1]).get(name, [])
     if not points:
         known = sorted(builtin_names(what) | set(entry_points(_PLUGIN_TABLES[what][1])))
-        raise UsageError(f"unknown {what} {name!r}", hint=f"known: {', '.join(known)}, or a module:attribute spec")
+        families = [f"{family}:NAME" for family in sorted(FAMILIES)]
+        guess = did_you_mean(name, known)
+        raise UsageError(f"unknown {what} {name!r}", hint=(f"{guess} " if guess else "") +
+                         f"known: {', '.join(known + families)}, or a module:attribute spec (`arlctl envs` lists them)")
     if len(points) > 1:  # two plugins claim one name: refuse rather than pick one silently
         owners = ", ".join(f"{dist} {version} ({point.value})" for point, dist, version in points)
         raise UsageError(f"{what} {name!r} is registered by several plugins: {owners}",
@@ -256,7 +259,7 @@ def make_env(name: str, **options: Any) -> Any:
     missing = missing_methods(env)
     if missing:  # e.g. a spec naming the wrong function: say so now, not as an AttributeError per row
         raise UsageError(f"env {name!r} made a {type(env).__name__} without {', '.join(missing)}",
-                         hint="an env factory returns an object with async reset, step and close (README)")
+                         hint="an env factory returns an object with async reset, step and close (docs/environments.md)")
     return env
 
 
@@ -316,7 +319,7 @@ def get_reward(name: str, **options: Any) -> Reward:
             signature.bind(None, {}, "")
         except TypeError as exc:
             raise UsageError(f"reward {name!r} cannot be called as score(final_state, task, response_text): {exc}",
-                             hint="--reward names a score function (README: the reward protocol)") from None
+                             hint="--reward names a score function (docs/environments.md: the reward protocol)") from None
         try:
             signature.bind(None, {}, "", **options)
         except TypeError as exc:

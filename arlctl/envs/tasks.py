@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from arlctl.errors import UsageError
+from arlctl.errors import UsageError, did_you_mean
 from arlctl.io.fs import get_fs
 
 MAX_TASK_DEPTH = 64  # JSON nesting levels a task may use (SWE-bench rows use 3)
@@ -98,14 +98,33 @@ def _builtin_math(options: dict[str, str]) -> list[dict[str, Any]]:
     return generate_tasks(n, seed=seed, difficulty=difficulty, kinds=kinds, start=start)
 
 
+def builtin_source_names() -> list[str]:
+    """Every builtin task source, registered or not: the provider modules are imported to find out (an
+    error message's list, so never just the ones this process happened to load; one whose optional
+    dependency is missing is left out)."""
+    import importlib
+
+    from arlctl.envs.registry import PROVIDERS
+
+    for module in sorted(set(PROVIDERS.values())):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+    return sorted(BUILTIN_SOURCES)
+
+
 def _load_builtin(spec: str) -> list[dict[str, Any]]:
     name, _, query = spec[len("builtin:") :].partition("?")
     from arlctl.envs.registry import import_provider  # late: the registry imports the env modules
 
     import_provider(name, BUILTIN_SOURCES, "builtin task source")
     if name not in BUILTIN_SOURCES:
-        known = ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_SOURCES))
-        raise UsageError(f"unknown task source builtin:{name}", hint=f"known: {known}, or a JSONL file path")
+        known = builtin_source_names()
+        guess = did_you_mean(f"builtin:{name}", [f"builtin:{n}" for n in known])
+        listed = ", ".join(f"builtin:{n}" for n in known)
+        raise UsageError(f"unknown task source builtin:{name}",
+                         hint=(f"{guess} " if guess else "") + f"known: {listed}, or a JSONL or Parquet file path")
     options: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if key in options:
@@ -220,6 +239,10 @@ def load_tasks(spec: str, env: str | None = None, default_env: str | None = None
 
     Task ids must be unique: groups and lineage are keyed by them.
     """
+    if env is not None:  # an unknown env is named as such, not as a task/env mismatch or a missing source
+        from arlctl.envs.registry import resolve_env
+
+        resolve_env(env)
     scheme = scheme_of(spec)
     if spec.startswith("builtin:"):
         tasks = _load_builtin(spec)

@@ -54,9 +54,9 @@ def resolve_policy(spec: str, progress: bool = True) -> ResolvedPolicy:
         return _resolve_remote(spec.rstrip("/"))
     path = Path(spec).expanduser()
     if not path.exists():
-        raise TerminalError(f"policy {spec!r} not found", hint=SPEC_HINT)
+        raise UsageError(f"policy {spec!r} not found", hint=SPEC_HINT)
     if not path.is_dir():
-        raise TerminalError(f"policy {spec!r} is a file, not a directory", hint=SPEC_HINT)
+        raise UsageError(f"policy {spec!r} is a file, not a directory", hint=SPEC_HINT)
     if not ledger.has_latest(path) and ledger.has_latest(path / "policy"):
         path = path / "policy"  # a run directory: use its policy/
     if ledger.has_latest(path):
@@ -64,7 +64,7 @@ def resolve_policy(spec: str, progress: bool = True) -> ResolvedPolicy:
         return ResolvedPolicy(current, str(path), read_version(current), policy_dir=path)
     if (path / "config.json").is_file():
         return ResolvedPolicy(path, str(path), read_version(path))
-    raise TerminalError(f"{spec!r} is neither an HF model directory nor a policy directory", hint=SPEC_HINT)
+    raise UsageError(f"{spec!r} is neither an HF model directory nor a policy directory", hint=SPEC_HINT)
 
 
 def _resolve_remote(url: str) -> ResolvedPolicy:
@@ -77,7 +77,7 @@ def _resolve_remote(url: str) -> ResolvedPolicy:
             local = _fetch_to_cache(url, "model", verify=False)
             return ResolvedPolicy(local, url, read_version(local))
         else:
-            raise TerminalError(f"policy {url!r} not found: no LATEST, policy/LATEST or config.json there",
+            raise UsageError(f"policy {url!r} not found: no LATEST, policy/LATEST or config.json there",
                                 hint=SPEC_HINT)
     current = latest_version_dir(url)
     return ResolvedPolicy(current, url, read_version(current), policy_dir=url)

@@ -23,6 +23,7 @@ from pyarrow.fs import FileSystem, FSSpecHandler, LocalFileSystem, PyFileSystem
 from arlctl.errors import CorruptShardError, NoShardsError, TerminalError
 from arlctl.io.fs import get_fs, is_local
 from arlctl.io.shards import list_shards
+from schemas.trajectory import V1_COLUMN_NAMES
 
 VIEW = "trajectories"
 FILENAME = "filename"  # the column naming each row's shard, as DuckDB's read_parquet(filename = true) did
@@ -45,12 +46,29 @@ def sealed(threads: int | None = None) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(":memory:", config=config)
 
 
-def shard_dataset(shards: Sequence[str], with_filename: bool = True) -> ds.Dataset:
+def is_trajectory_schema(schema: pa.Schema) -> bool:
+    """A trajectory shard of any readable version has every version-1 column; anything else is foreign."""
+    return set(V1_COLUMN_NAMES) <= set(schema.names)
+
+
+def shard_dataset(shards: Sequence[str], with_filename: bool = True,
+                  foreign: list[str] | None = None) -> ds.Dataset:
     """The shards as one lazy dataset: the union of their columns by name (v1, v2 and v3 shards together,
     a missing field null, nested fields such as turns[].advantage included) and, unless asked not to, a
-    `filename` column holding each row's shard URL exactly as listed."""
+    `filename` column holding each row's shard URL exactly as listed.
+
+    With a `foreign` list, Parquet files that are not trajectory shards (a metrics file, someone's own
+    table) are named in it and left out when any trajectory shard is among them; when none is, they are
+    all read as they are (the caller says so: `foreign` then names every file)."""
     if not shards:
         raise NoShardsError("(no paths)")
+    if foreign is not None:
+        opened_once: dict[str, FileSystem] = {}
+        found = {shard: _open(shard, opened_once)[2] for shard in shards}
+        strangers = [shard for shard, schema in found.items() if not is_trajectory_schema(schema)]
+        foreign.extend(strangers)
+        if len(strangers) < len(shards):
+            shards = [shard for shard in shards if shard not in set(strangers)]
     filesystems: dict[str, FileSystem] = {}  # one pyarrow filesystem per fsspec protocol
     for shard in shards[:1]:
         _filesystem(shard, filesystems)
@@ -83,10 +101,12 @@ def shard_dataset(shards: Sequence[str], with_filename: bool = True) -> ds.Datas
     return datasets[0] if len(datasets) == 1 else ds.dataset(datasets)
 
 
-def connect(shards: Sequence[str], threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """A sealed connection with `trajectories` registered over the given shard files."""
+def connect(shards: Sequence[str], threads: int | None = None,
+            foreign: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """A sealed connection with `trajectories` registered over the given shard files (`foreign`: see
+    shard_dataset)."""
     con = sealed(threads)
-    con.register(VIEW, shard_dataset(shards))
+    con.register(VIEW, shard_dataset(shards, foreign=foreign))
     return con
 
 

@@ -133,18 +133,109 @@ def local_logs(logs: str | None, run: str) -> str:
     return str(logs)
 
 
-def resolve_io(stage: str, run: str | None, in_: str | None, out: str | None) -> tuple[str | None, str]:
-    """Fill --in/--out from --run where they were not given explicitly."""
+def resolve_io(stage: str, run: str | None, in_: str | None, out: str | None, *, watch: bool = False,
+               flags: tuple[str, str] = ("--in", "--out")) -> tuple[str | None, str]:
+    """Fill --in/--out from --run where they were not given explicitly, then check them (check_stage_io)."""
     default_in, _ = STAGE_IO[stage]
+    in_flag, out_flag = flags
     if run:
         run_in, run_out = RunLayout(run).stage_io(stage)
         in_ = run_in if in_ is None else in_
         out = run_out if out is None else out
     if default_in and in_ is None:
-        raise UsageError(f"{stage}: give --in or --run", hint=f"e.g. arlctl {stage} --run RUN")
+        raise UsageError(f"{stage}: give {in_flag} or --run", hint=f"e.g. arlctl {stage} --run RUN")
     if out is None:
-        raise UsageError(f"{stage}: give --out or --run", hint=f"e.g. arlctl {stage} --run RUN")
+        raise UsageError(f"{stage}: give {out_flag} or --run", hint=f"e.g. arlctl {stage} --run RUN")
+    check_stage_io(stage, run, {in_flag: in_} if in_ else {}, {out_flag: out}, watch=watch)
     return in_, out
+
+
+def check_stage_io(stage: str, run: str | None, inputs: dict[str, str], outputs: dict[str, str], *,
+                   watch: bool = False) -> None:
+    """The one IO check of every stage command, made before anything is created (issue 27 item 2).
+
+    - Only `rollout` starts a run: any other stage given a --run that does not exist is a usage error, so a
+      typo never leaves a half-made run behind (a lock directory, an empty metrics file).
+    - Every input must exist, unless the stage --watch-es it (a daemon waits for its upstream to appear).
+    - An output may not be, lie inside, or hold an input, nor another stage's directory of the run: a
+      stage reading what it writes re-reads its own output on every re-run (filter --in X --out X).
+    A missing path's error names it and the closest existing names beside it.
+    """
+    waits = watch and run is not None and is_remote(run)  # an object store has no empty run "directory"
+    if run is not None and stage != "rollout" and not waits and not _exists(run):
+        raise UsageError(f"{stage}: run directory {run} does not exist",
+                         hint=_near(run) or "a run is started by `arlctl rollout --run RUN`")
+    if not watch:
+        for flag, path in inputs.items():
+            if not _exists(path):
+                raise UsageError(f"{stage}: {flag} {path} does not exist",
+                                 hint=_near(path) or f"{flag} names a directory an earlier stage wrote")
+    claimed = {f"{flag} {path}": path for flag, path in inputs.items()}
+    if run is not None:
+        own = STAGE_IO[stage][1]  # the one directory of the run this stage writes
+        for kind in STAGE_DIRS:
+            if kind != own:
+                claimed.setdefault(f"the run's {kind}/ ({RunLayout(run).path(kind)})", RunLayout(run).path(kind))
+    for flag, path in outputs.items():
+        for what, other in claimed.items():
+            if _overlaps(path, other):
+                raise UsageError(f"{stage}: {flag} {path} overlaps {what}",
+                                 hint="a stage must write where nothing it reads lives; give another --out")
+
+
+def _exists(url: str) -> bool:
+    from arlctl.io.fs import get_fs
+
+    fs, path = get_fs(url)
+    if is_remote(url):
+        fs.invalidate_cache(path)
+    return bool(fs.exists(path))
+
+
+def _canonical(url: str) -> str:
+    """Comparable form of a location: a local path made absolute with its links resolved, a URL unslashed."""
+    import os
+
+    if is_remote(url):
+        return str(url).rstrip("/")
+    text = str(url).split("://", 1)[1] if "://" in str(url) else str(url)
+    return os.path.realpath(os.path.abspath(os.path.expanduser(text)))
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """True when one location is the other or lies inside it."""
+    x, y = _canonical(a), _canonical(b)
+    return x == y or x.startswith(y.rstrip("/") + "/") or y.startswith(x.rstrip("/") + "/")
+
+
+def _near(url: str) -> str | None:
+    """For a local path that does not exist: 'did you mean ...' from the names in its nearest existing
+    parent, else what that parent holds."""
+    import os
+
+    from arlctl.errors import did_you_mean
+
+    if is_remote(url):
+        return None
+    path = os.path.normpath(os.path.expanduser(str(url)))
+    missing: list[str] = []
+    parent = path
+    while parent and not os.path.isdir(parent):
+        parent, name = os.path.split(parent)
+        missing.insert(0, name)
+        if not name:
+            break
+    parent = parent or "."
+    if not missing or not os.path.isdir(parent):
+        return None
+    names = [n for n in os.listdir(parent) if not n.startswith((".", "_"))]
+    guess = did_you_mean(missing[0], names)
+    if guess:
+        close = guess.removeprefix("did you mean ").removesuffix("?").split(" or ")
+        return "did you mean " + " or ".join(os.path.join(parent, n, *missing[1:]) if parent != "." else
+                                              os.path.join(n, *missing[1:]) for n in close) + "?"
+    shown = sorted(names)[:8]
+    return f"{parent}/ holds: {', '.join(shown)}{', ...' if len(names) > len(shown) else ''}" if shown else None
 
 
 def metrics_dir_for(out: str, run: str | None) -> str:
@@ -155,5 +246,5 @@ def metrics_dir_for(out: str, run: str | None) -> str:
     return join(parent, "metrics")
 
 
-__all__ = ["EVAL_SUMMARY", "STAGE_DIRS", "STAGE_IO", "RunLayout", "eval_version_dir", "local_logs", "metrics_dir_for",
+__all__ = ["EVAL_SUMMARY", "STAGE_DIRS", "STAGE_IO", "RunLayout", "check_stage_io", "eval_version_dir", "local_logs", "metrics_dir_for",
            "resolve_io"]

@@ -82,8 +82,12 @@ def test_no_checkpoint_is_nothing_to_do(tmp_path):
     app = typer.Typer()
     register(app)
     app.command("noop")(lambda: None)
-    result = CliRunner().invoke(app, ["sync", "--ckpt", str(tmp_path / "none"), "--policy-dir", str(tmp_path / "p")])
+    (tmp_path / "empty").mkdir()  # a checkpoint directory train has not written a step into yet
+    result = CliRunner().invoke(app, ["sync", "--ckpt", str(tmp_path / "empty"), "--policy-dir", str(tmp_path / "p")])
     assert result.exit_code == 0 and "nothing to do" in result.output
+    # A --ckpt that does not exist is a mistake (issue 27: a missing input is a usage error), and makes nothing.
+    result = CliRunner().invoke(app, ["sync", "--ckpt", str(tmp_path / "none"), "--policy-dir", str(tmp_path / "q")])
+    assert result.exit_code == 2 and "does not exist" in result.output and not (tmp_path / "q").exists()
 
 
 def test_cli(tmp_path):
