@@ -23,7 +23,7 @@ from pyarrow.fs import FileSystem, FSSpecHandler, LocalFileSystem, PyFileSystem
 from arlctl.errors import CorruptShardError, NoShardsError, TerminalError
 from arlctl.io.fs import get_fs, is_local
 from arlctl.io.shards import list_shards
-from schemas.trajectory import V1_COLUMN_NAMES
+from arlctl.schemas.trajectory import V1_COLUMN_NAMES
 
 VIEW = "trajectories"
 FILENAME = "filename"  # the column naming each row's shard, as DuckDB's read_parquet(filename = true) did
