@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -10,22 +10,11 @@ from rich.table import Table
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import run_stage
-from arlctl.cli.options import (
-    DryRunOpt,
-    InOpt,
-    JsonOpt,
-    LockWaitOpt,
-    MetricsOpt,
-    OutOpt,
-    PollOpt,
-    RunOpt,
-    WatchOpt,
-    config_command,
-)
+from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
-from arlctl.io.fs import join
-from arlctl.io.run import RunLayout, resolve_io
+from arlctl.io.run import RunLayout, metrics_dir_for, resolve_io
 from arlctl.stages.configs import FilterConfig
+from arlctl.stages.jobs import FilterOptions
 
 MAX_INVALID_SHOWN = 10  # invalid rows named on stderr per invocation; --json carries them all
 
@@ -48,40 +37,21 @@ Turn-level credit: --adv turn (or turn-mean) gives every assistant turn its own 
 def register(app: typer.Typer) -> None:
     @app.command("filter", help=HELP)
     @handle_errors
-    @config_command(FilterConfig)
-    def filter_cmd(
-        cfg: FilterConfig,
-        in_url: InOpt = None,
-        out_url: OutOpt = None,
-        run: RunOpt = None,
-        metrics: MetricsOpt = None,
-        policy_dir: Annotated[str | None, typer.Option(
-            "--policy-dir", help="Policy dir whose LATEST is the current version.")] = None,
-        ckpt_dir: Annotated[str | None, typer.Option(
-            "--ckpt-dir", help="Checkpoint dir; its newest step also counts.")] = None,
-        current_version: Annotated[int | None, typer.Option(
-            "--current-version", help="Override the current version.")] = None,
-        quarantine: Annotated[bool, typer.Option(
-            "--quarantine", help="Move corrupt input shards to _quarantine/.")] = False,
-        dry_run: DryRunOpt = False,
-        watch: WatchOpt = False,
-        poll: PollOpt = 5.0,
-        lock_wait: LockWaitOpt = 0.0,
-        as_json: JsonOpt = False,
-    ) -> None:
+    @config_command(FilterConfig, options=FilterOptions)
+    def filter_cmd(cfg: FilterConfig, opts: FilterOptions) -> None:
         # torch comes with the stage: import late so `arlctl --help` stays fast
         from arlctl.stages import filter as stage
         from arlctl.stages.results import FilterIO
 
-        if run is None and (in_url is None or out_url is None):
+        run, watch, as_json = opts.run, opts.watch, opts.as_json
+        if run is None and (opts.in_url is None or opts.out_url is None):
             raise UsageError("give --in and --out, or --run RUN")
-        in_url, out_url = resolve_io("filter", run, in_url, out_url, watch=watch)
+        in_url, out_url = resolve_io("filter", run, opts.in_url, opts.out_url, watch=watch)
         layout = RunLayout(run) if run else None
-        io = FilterIO(in_url=in_url, out=out_url,
-                      metrics=metrics or (layout.metrics if layout else join(out_url, "..", "metrics")),
-                      policy_dir=policy_dir or (layout.policy if layout else None),
-                      ckpt_dir=ckpt_dir or (layout.checkpoints if layout else None),
-                      current_version=current_version, quarantine=quarantine, dry_run=dry_run)
+        io = FilterIO(in_url=in_url, out=out_url, metrics=opts.metrics or metrics_dir_for(out_url, run),
+                      policy_dir=opts.policy_dir or (layout.policy if layout else None),
+                      ckpt_dir=opts.ckpt_dir or (layout.checkpoints if layout else None),
+                      current_version=opts.current_version, quarantine=opts.quarantine, dry_run=opts.dry_run)
 
         def once(stop) -> dict:
             result = stage.run(cfg, io, stop)
@@ -91,8 +61,8 @@ def register(app: typer.Typer) -> None:
                     print_json(result.to_json())
             return result.to_json()
 
-        run_stage(once, out=io.out, lock_name="filter", watch=watch, poll=poll, lock_wait=lock_wait,
-                  dry_run=dry_run, units=lambda summary: len(summary["batches"]))
+        run_stage(once, out=io.out, lock_name="filter", watch=watch, poll=opts.poll, lock_wait=opts.lock_wait,
+                  dry_run=opts.dry_run, units=lambda summary: len(summary["batches"]))
 
 
 def _render(result: Any, out_url: str) -> None:

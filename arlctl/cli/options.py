@@ -12,6 +12,7 @@ The options every stage shares (--run, --in, --out, --metrics, --watch, --poll, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -21,10 +22,7 @@ import typer
 
 from arlctl.cli.common import console
 from arlctl.settings import cli_fields, field_default, field_types, flag_of
-
-WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM/SIGINT."
-POLL_HELP = "Seconds between polls with --watch."
-LOCK_WAIT_HELP = "Seconds to wait for another copy of this stage on the same output to finish."
+from arlctl.stages.jobs import LOCK_WAIT_HELP, POLL_HELP, QUIET_HELP, WATCH_HELP, RunOptions
 
 RunOpt = Annotated[str | None, typer.Option("--run", help="Run directory that fills the defaults.")]
 InOpt = Annotated[str | None, typer.Option("--in", help="Input shard directory (default: the run's).")]
@@ -35,7 +33,6 @@ PollOpt = Annotated[float, typer.Option("--poll", help=POLL_HELP)]
 LockWaitOpt = Annotated[float, typer.Option("--lock-wait", help=LOCK_WAIT_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would happen; write nothing.")]
-QUIET_HELP = "Print nothing on stderr but errors (the exit code and --json are unchanged)."
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)]
 
 
@@ -76,43 +73,59 @@ def config_parameters(config: type, skip: tuple[str, ...] = ()) -> list[inspect.
     return params
 
 
-def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = ()) -> Callable:
+def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = (), options: type | None = None,
+                   options_param: str = "opts") -> Callable:
     """Decorate a command `fn(cfg: XConfig, <its own options>)`: its options become the command's own plus
     one per field of `config` (names, types, defaults and help from the dataclass), and `fn` receives the
-    built config object as `param`. Fields in `skip` are left at their default, not options. A command that
-    declares no `quiet` of its own gets -q/--quiet here: stderr's console is silent while `fn` runs (errors
-    are printed after it, by handle_errors)."""
+    built config object as `param`. Fields in `skip` are left at their default, not options.
+
+    `options`: the stage's job options (stages/jobs.py: IO and run options), derived the same way and
+    handed to `fn` built, as `options_param`. A command that declares no `quiet` (its own or in `options`)
+    gets -q/--quiet here: stderr's console is silent while `fn` runs (errors are printed after it, by
+    handle_errors)."""
 
     def decorate(fn: Callable) -> Callable:
-        own = [_resolved(fn, p) for name, p in inspect.signature(fn).parameters.items() if name != param]
+        skipped = {param, options_param} if options is not None else {param}
+        own = [_resolved(fn, p) for name, p in inspect.signature(fn).parameters.items() if name not in skipped]
         derived = config_parameters(config, skip)
         names = {f.name for f in cli_fields(config) if f.name not in skip}
-        clash = names & {p.name for p in own}
+        job_names = {f.name for f in cli_fields(options)} if options is not None else set()
+        clash = (names | job_names) & {p.name for p in own} | (names & job_names)
         if clash:
-            raise TypeError(f"{fn.__name__}: options {sorted(clash)} are both config fields and own options")
-
-        adds_quiet = "quiet" not in {p.name for p in own}
+            raise TypeError(f"{fn.__name__}: options {sorted(clash)} are declared twice")
+        quiet_in_job = "quiet" in job_names
+        adds_quiet = "quiet" not in {p.name for p in own} and not quiet_in_job
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
-            quiet = kwargs.pop("quiet") if adds_quiet else False
-            values = {name: kwargs.pop(name) for name in names if name in kwargs}
-            values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}  # click: tuples
+            quiet = kwargs.pop("quiet") if adds_quiet else bool(quiet_in_job and kwargs.get("quiet"))
+            built = {param: config(**_values(kwargs, names))}
+            if options is not None:
+                built[options_param] = options(**_values(kwargs, job_names))
             loud = console.quiet
             console.quiet = loud or quiet
             try:
-                return fn(**kwargs, **{param: config(**values)})
+                return fn(**kwargs, **built)
             finally:
                 console.quiet = loud
 
         quiet_param = inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=QuietOpt)
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [quiet_param] * adds_quiet + derived
+        job = config_parameters(options) if options is not None else []
+        shared = {f.name for f in dataclasses.fields(RunOptions)}  # --help: a stage's own IO options first
+        job = [p for p in job if p.name not in shared] + [p for p in job if p.name in shared]
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + job + [quiet_param] * adds_quiet + derived
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
         del command.__wrapped__  # Typer must read __signature__, not the undecorated function
         return command
 
     return decorate
+
+
+def _values(kwargs: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """Pop the values of `names` out of a command's keyword arguments (click gives tuples for lists)."""
+    values = {name: kwargs.pop(name) for name in names if name in kwargs}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def _resolved(fn: Callable, p: inspect.Parameter) -> inspect.Parameter:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import run_stage
-from arlctl.cli.options import DryRunOpt, JsonOpt, LockWaitOpt, PollOpt, RunOpt, WatchOpt, config_command
+from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.io.run import resolve_io
 from arlctl.stages.configs import SyncConfig
+from arlctl.stages.jobs import SyncOptions
 
 HELP = """Publish the newest complete checkpoint as POLICYDIR/vNNNNNN (HF files + version.json with the sha256 of the weights), atomically replace POLICYDIR/LATEST, keep the newest --keep versions. Idempotent: re-running with nothing new does nothing. A checkpoint whose weights hold NaN or inf is refused (exit 1, naming the tensor) and LATEST keeps naming the last good version.
 
@@ -26,27 +25,17 @@ HELP = """Publish the newest complete checkpoint as POLICYDIR/vNNNNNN (HF files 
 def register(app: typer.Typer) -> None:
     @app.command("sync", help=HELP)
     @handle_errors
-    @config_command(SyncConfig)
-    def sync_cmd(
-        cfg: SyncConfig,
-        ckpt: Annotated[str | None, typer.Option(
-            "--ckpt", help="Checkpoint directory (default RUN/checkpoints).")] = None,
-        policy_dir: Annotated[str | None, typer.Option(
-            "--policy-dir", help="Policy directory (default RUN/policy).")] = None,
-        run: RunOpt = None,
-        dry_run: DryRunOpt = False,
-        watch: WatchOpt = False,
-        poll: PollOpt = 5.0,
-        lock_wait: LockWaitOpt = 0.0,
-        as_json: JsonOpt = False,
-    ) -> None:
+    @config_command(SyncConfig, options=SyncOptions)
+    def sync_cmd(cfg: SyncConfig, opts: SyncOptions) -> None:
         # torch comes with the stage: import late so `arlctl --help` stays fast
         from arlctl.stages import sync as stage
         from arlctl.stages.results import SyncIO
 
-        if run is None and (ckpt is None or policy_dir is None):
+        run, dry_run, watch, as_json = opts.run, opts.dry_run, opts.watch, opts.as_json
+        if run is None and (opts.ckpt is None or opts.policy_dir is None):
             raise UsageError("give --ckpt and --policy-dir, or --run RUN")
-        ckpt, policy_dir = resolve_io("sync", run, ckpt, policy_dir, watch=watch, flags=("--ckpt", "--policy-dir"))
+        ckpt, policy_dir = resolve_io("sync", run, opts.ckpt, opts.policy_dir, watch=watch,
+                                      flags=("--ckpt", "--policy-dir"))
         io = SyncIO(ckpt=ckpt, policy_dir=policy_dir, dry_run=dry_run)
 
         def once(stop) -> dict:
@@ -68,5 +57,5 @@ def register(app: typer.Typer) -> None:
                 print_json(result.to_json())
             return result.to_json()
 
-        run_stage(once, out=io.policy_dir, lock_name="sync", watch=watch, poll=poll, lock_wait=lock_wait,
+        run_stage(once, out=io.policy_dir, lock_name="sync", watch=watch, poll=opts.poll, lock_wait=opts.lock_wait,
                   dry_run=dry_run, units=lambda summary: int(bool(summary.get("latest_updated"))))

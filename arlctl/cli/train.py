@@ -5,27 +5,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.daemon import run_stage
-from arlctl.cli.options import (
-    DryRunOpt,
-    InOpt,
-    JsonOpt,
-    LockWaitOpt,
-    MetricsOpt,
-    OutOpt,
-    PollOpt,
-    RunOpt,
-    WatchOpt,
-    config_command,
-)
+from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.io.run import RunLayout, resolve_io
 from arlctl.stages.configs import TrainConfig
+from arlctl.stages.jobs import TrainOptions
 
 HELP = """Train the policy on batch shards: one optimizer step per shard, in name order, each shard once.
 
@@ -56,38 +46,22 @@ Many ranks (torchrun): each batch shard's rows are split across ranks by tokens 
 def register(app: typer.Typer) -> None:
     @app.command("train", help=HELP)
     @handle_errors
-    @config_command(TrainConfig)
-    def train_cmd(
-        cfg: TrainConfig,
-        in_url: InOpt = None,
-        out: OutOpt = None,
-        policy: Annotated[str | None, typer.Option(
-            "--policy", help="Initial weights: HF dir, policy dir or model name.")] = None,
-        run: RunOpt = None,
-        metrics: MetricsOpt = None,
-        resume: Annotated[bool, typer.Option("--resume/--no-resume",
-                                             help="Continue from the newest checkpoint.")] = True,
-        dry_run: DryRunOpt = False,
-        watch: WatchOpt = False,
-        poll: PollOpt = 5.0,
-        lock_wait: LockWaitOpt = 0.0,
-        nproc: Annotated[int, typer.Option(
-            "--nproc", help="Launch torchrun with this many ranks on this machine (one per GPU; gloo on CPU).")] = 0,
-        as_json: JsonOpt = False,
-    ) -> None:
+    @config_command(TrainConfig, options=TrainOptions)
+    def train_cmd(cfg: TrainConfig, opts: TrainOptions) -> None:
         # torch comes with the stage: import late so `arlctl --help` stays fast
         from arlctl.stages import train as stage
         from arlctl.stages.results import TrainIO
 
-        if run is None and (in_url is None or out is None):
+        run, watch, as_json = opts.run, opts.watch, opts.as_json
+        if run is None and (opts.in_url is None or opts.out is None):
             raise UsageError("give --in and --out, or --run RUN")
-        in_url, out = resolve_io("train", run, in_url, out, watch=watch)
-        if nproc:
-            raise typer.Exit(_launch_torchrun(nproc))
+        in_url, out = resolve_io("train", run, opts.in_url, opts.out, watch=watch)
+        if opts.nproc:
+            raise typer.Exit(_launch_torchrun(opts.nproc))
         layout = RunLayout(run) if run else None
-        io = TrainIO(in_url=in_url, out=out, policy=policy,
-                     metrics=metrics or (layout.metrics if layout else None), resume=resume)
-        if dry_run:
+        io = TrainIO(in_url=in_url, out=out, policy=opts.policy,
+                     metrics=opts.metrics or (layout.metrics if layout else None), resume=opts.resume)
+        if opts.dry_run:
             _dry_run(stage.plan(cfg, io), cfg, io, as_json)
             return
 
@@ -110,10 +84,10 @@ def register(app: typer.Typer) -> None:
 
         ranks = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
         if ranks > 1:
-            _run_ranks(stage, once, io, watch, poll, lock_wait)
+            _run_ranks(stage, once, io, watch, opts.poll, opts.lock_wait)
             return
         try:
-            run_stage(once, out=io.out, lock_name="train", watch=watch, poll=poll, lock_wait=lock_wait,
+            run_stage(once, out=io.out, lock_name="train", watch=watch, poll=opts.poll, lock_wait=opts.lock_wait,
                       units=lambda summary: summary["steps"])
         finally:
             stage.finish(io.out, io.policy)

@@ -190,6 +190,7 @@ def test_stages_run_the_checks_before_any_work(tmp_path, command):
     """A swe rollout or grading on docker with no engine: one usage error naming the check and its fix,
     before any shard is read or written (the stages run the doctor's own checks)."""
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path / 'no-engine.sock'}"}
+    (tmp_path / "rollouts").mkdir()  # an input that exists (a missing one is refused before the preflight)
     args = (["rollout", "--env", "swe", "--tasks", "builtin:swe?ids=stockroom-001", "--policy", "oracle:gold",
              "--sandbox", "docker", "--out", str(tmp_path / "out")] if command == "rollout" else
             ["reward", "--in", str(tmp_path / "rollouts"), "--out", str(tmp_path / "rewarded"), "--reward", "swe",

@@ -18,6 +18,7 @@ from arlctl.cli.main import app
 from arlctl.cli.options import config_command, option_defaults
 from arlctl.settings import cli_fields, field_default, flag_of, setting
 from arlctl.stages.configs import COMMAND_OPTIONS, stage_config, stage_vocabulary
+from arlctl.stages.jobs import STAGE_OPTIONS
 
 STAGES = ("rollout", "reward", "filter", "train", "sync", "eval")
 runner = CliRunner()
@@ -50,14 +51,26 @@ def test_every_config_field_says_what_it_means(stage):
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_recipe_vocabulary_is_the_commands_own(stage):
-    """`arlctl up` checks recipes against the configs and COMMAND_OPTIONS: they must be the command's options."""
+    """`arlctl up` checks recipes against the configs and the job options: they must be the command's options."""
     cli = {opt[2:] for opt in option_defaults(command(stage)) if opt != "--help"}
     assert set(stage_vocabulary(stage)) == cli, (
         f"only in the CLI: {sorted(cli - set(stage_vocabulary(stage)))}; "
         f"only in the vocabulary: {sorted(set(stage_vocabulary(stage)) - cli)}")
     flags = {p.opts[0][2:] for p in command(stage).params if getattr(p, "is_flag", False)}
     assert {name for name, kind in stage_vocabulary(stage).items() if kind.type is bool} >= flags
-    assert set(COMMAND_OPTIONS) == set(STAGES)
+    # Each stage's non-setting options are declared in one place: its job options, or (not yet moved) COMMAND_OPTIONS.
+    assert set(COMMAND_OPTIONS) | set(STAGE_OPTIONS) == set(STAGES) and not set(COMMAND_OPTIONS) & set(STAGE_OPTIONS)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_OPTIONS))
+def test_every_job_option_is_its_option_with_the_same_default_and_help(stage):
+    options = option_defaults(command(stage))
+    helps = {p.opts[0]: p.help for p in command(stage).params}
+    for f in cli_fields(STAGE_OPTIONS[stage]):
+        assert flag_of(f) in options, f"{stage}: job field {f.name} has no option {flag_of(f)}"
+        name, default = options[flag_of(f)]
+        assert (name, default) == (f.name, field_default(f)), f"{stage}: {flag_of(f)}"
+        assert helps[flag_of(f)] == f.metadata["help"] and f.metadata["help"], f"{stage}: {flag_of(f)}'s help"
 
 
 def test_config_command_builds_the_config_from_its_options():

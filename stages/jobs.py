@@ -1,0 +1,64 @@
+"""What a stage command is besides its settings: where its data is and how it runs, declared once.
+
+A stage's job is its settings (stages/configs.py) plus one of the option classes here: its inputs and
+outputs (--in/--out or --run) and its run options (--watch, --poll, --lock-wait, --worker, --json, ...),
+each field with its default and help (`setting`, arlctl/settings.py). `arlctl <stage>` derives these
+options from the class (arlctl/cli/options.config_command) and `arlctl up` checks a recipe against the
+same class (stage_vocabulary in stages/configs.py), so the two cannot disagree. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arlctl.settings import setting
+
+WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM/SIGINT."
+POLL_HELP = "Seconds between polls with --watch."
+LOCK_WAIT_HELP = "Seconds to wait for another copy of this stage on the same output to finish."
+QUIET_HELP = "Print nothing on stderr but errors (the exit code and --json are unchanged)."
+WORKER_HELP = "I/N: take only worker I's share of the inputs (0-based)."
+
+
+@dataclass
+class RunOptions:
+    """How any stage command runs: once (cron) or as a daemon, under its run lock."""
+
+    run: str | None = setting(None, "Run directory that fills the defaults.")
+    dry_run: bool = setting(False, "Say what would happen; write nothing.")
+    watch: bool = setting(False, WATCH_HELP)
+    poll: float = setting(5.0, POLL_HELP)
+    lock_wait: float = setting(0.0, LOCK_WAIT_HELP)
+    as_json: bool = setting(False, "One JSON summary on stdout.", flag="--json")
+    quiet: bool = setting(False, QUIET_HELP, short="-q")
+
+
+@dataclass
+class FilterOptions(RunOptions):
+    in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
+    out_url: str | None = setting(None, "Output directory, local or a URL (default: the run's).", flag="--out")
+    metrics: str | None = setting(None, "Metrics directory (default RUN/metrics).")
+    policy_dir: str | None = setting(None, "Policy dir whose LATEST is the current version.")
+    ckpt_dir: str | None = setting(None, "Checkpoint dir; its newest step also counts.")
+    current_version: int | None = setting(None, "Override the current version.")
+    quarantine: bool = setting(False, "Move corrupt input shards to _quarantine/.")
+
+
+@dataclass
+class TrainOptions(RunOptions):
+    in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
+    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    policy: str | None = setting(None, "Initial weights: HF dir, policy dir or model name.")
+    metrics: str | None = setting(None, "Metrics directory (default RUN/metrics).")
+    resume: bool = setting(True, "Continue from the newest checkpoint.", flag="--resume/--no-resume")
+    nproc: int = setting(0, "Launch torchrun with this many ranks on this machine (one per GPU; gloo on CPU).")
+
+
+@dataclass
+class SyncOptions(RunOptions):
+    ckpt: str | None = setting(None, "Checkpoint directory (default RUN/checkpoints).")
+    policy_dir: str | None = setting(None, "Policy directory (default RUN/policy).")
+
+
+# The stages whose run options are declared here (the others are still listed in configs.COMMAND_OPTIONS).
+STAGE_OPTIONS: dict[str, type] = {"filter": FilterOptions, "train": TrainOptions, "sync": SyncOptions}
