@@ -1,4 +1,5 @@
-"""`arlctl rollout` and `arlctl reward` as a user runs them: real processes, the tiny model."""
+"""`arlctl rollout` and `arlctl reward` as a user runs them, the tiny model: in process, except Ctrl-C, which
+needs a real signal to a real process (e2e)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ import sys
 import time
 
 import pyarrow.compute as pc
+import pytest
+from inprocess import arlctl
 
 from arlctl.io.shards import list_shards, read_shard
 
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
-
-
-def arlctl(*args, **kw):
-    return subprocess.run([*ARLCTL, *args], capture_output=True, text=True, timeout=600, **kw)
 
 
 def test_rollout_then_reward_then_inspect(tmp_path):
@@ -74,6 +73,7 @@ def test_rollout_dry_run_writes_nothing(tmp_path):
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.e2e
 def test_ctrl_c_flushes_completed_and_aborts_in_flight(tmp_path):
     out = str(tmp_path / "out")
     proc = subprocess.Popen([*ARLCTL, "rollout", "--env", "math", "--tasks", "builtin:math?n=400&seed=1",
