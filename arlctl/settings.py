@@ -3,7 +3,8 @@
 A stage's config dataclass (stages/configs.py, stages/agent_loop.RolloutConfig) declares each field with
 `setting(default, "help")`; the CLI derives its options from those fields (arlctl/cli/options.py) and
 `arlctl up` checks a recipe against them (arlctl/supervisor.py). This module imports nothing heavy, so
-building the CLI or checking a recipe never loads torch.
+building the CLI or checking a recipe never loads torch. `parse_env_options` reads the KEY=VALUE
+settings a command passes on to an env, a reward or a backend (--env-opt, --reward-opt, --backend-opt).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import dataclasses
 import typing
 from collections.abc import Callable
 from typing import Any
+
+from arlctl.errors import UsageError
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,  # noqa: A002
@@ -54,3 +57,24 @@ def options_of(config: type) -> dict[str, tuple[str, Any]]:
     """{long option without dashes: (field name, type)} of a config: what a recipe may set."""
     types = field_types(config)
     return {flag_of(f)[2:]: (f.name, types[f.name]) for f in cli_fields(config)}
+
+
+def parse_env_options(pairs: list[str], flag: str = "--env-opt") -> dict[str, Any]:
+    """KEY=VALUE options (--env-opt, --reward-opt, --backend-opt) as keyword arguments, numbers and
+    true/false coerced: `max-turns=8` -> {"max_turns": 8}."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UsageError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        options[key.replace("-", "_")] = _coerce(value)
+    return options
+
+
+def _coerce(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(value.lower(), value)

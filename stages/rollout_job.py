@@ -128,25 +128,6 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def parse_env_options(pairs: list[str], flag: str = "--env-opt") -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise UsageError(f"{flag} expects KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        options[key.replace("-", "_")] = _coerce(value)
-    return options
-
-
-def _coerce(value: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(value.lower(), value)
-
-
 HISTORIES = ("full", "per-turn")
 
 

@@ -80,6 +80,7 @@ from arlctl.rl.batching import (
     score_tokens,
     trajectory_shares,
 )
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.losses import METRIC_SUMS, OPTIONAL_SUMS, finalize_metrics, policy_loss, sft_loss
 from arlctl.rl.trainer_state import (  # noqa: F401 (API: load_model, load_tokenizer, lr_lambda live with the state)
     LORA_REFERENCE,
@@ -90,7 +91,6 @@ from arlctl.rl.trainer_state import (  # noqa: F401 (API: load_model, load_token
     lr_lambda,
 )
 from arlctl.schemas.values import find_bad_values
-from arlctl.stages.configs import LR_SCHEDULES, PRECISIONS, TrainConfig  # noqa: F401 (API: the settings live in stages/configs.py, torch-free)
 from arlctl.stages.results import TrainIO, TrainResult
 
 # ----------------------------------------------------------------------------------------------- one step

@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _parse(pairs: list[str], flag: str) -> dict[str, Any]:
-    from arlctl.stages.rollout_job import parse_env_options
+    from arlctl.settings import parse_env_options
 
     return parse_env_options(pairs, flag)
 

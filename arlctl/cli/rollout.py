@@ -25,8 +25,9 @@ from arlctl.cli.options import (
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.io.layout import resolve_io
 from arlctl.render import one_line, plain, terminal_safe
+from arlctl.settings import parse_env_options
 from arlctl.stages.agent_loop import RolloutConfig
-from arlctl.stages.rollout_job import EnvPicker, parse_env_options  # noqa: F401  (cli/reward imports it from here)
+from arlctl.stages.rollout_job import EnvPicker
 
 HELP = """Run the policy on tasks: G samples per task (a GRPO group), many trajectories in flight, multi-turn with tools. Shards are written as groups finish (a group is never split across shards).
 
@@ -111,7 +112,7 @@ def register(app: typer.Typer) -> None:
         task_list, env = job_api.load_task_list(env, tasks, env_mix, limit, cfg.seed)
         share = parse_worker(worker)
         task_list = [t for t in task_list if owns(str(t.get("task_id", "")), *share)]
-        options = job_api.parse_env_options(env_opt)
+        options = parse_env_options(env_opt)
         for key, value in (("sandbox", sandbox), ("sandboxes", sandboxes), ("insecure_sandbox", insecure_sandbox or None),
                            ("docker_hosts", list(docker_host) or None)):
             if value is not None:
@@ -140,7 +141,7 @@ def register(app: typer.Typer) -> None:
         from arlctl.io.lock import RunLock
 
         backend_opts: dict[str, Any] = {"max_batch": max_batch,
-                                        **job_api.parse_env_options(backend_opt, "--backend-opt")}
+                                        **parse_env_options(backend_opt, "--backend-opt")}
         if server:
             backend_opts["servers"] = server
         if backend == "openai":

@@ -32,6 +32,7 @@ from arlctl.envs.registry import get_reward
 from arlctl.errors import UsageError
 from arlctl.rewards import format as _format  # noqa: F401  (registers `--reward format`)
 from arlctl.rewards.scoring import Done, Item, ScoreContext, Scored, Scorer, score_items
+from arlctl.settings import parse_env_options
 
 NAME = "composite"
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
@@ -101,8 +102,6 @@ def split_options(pairs: list[str], labels: list[str]) -> dict[str, list[str]]:
 
 def single_reward(spec: str, pairs: list[str]) -> Scorer:
     """One reward by spec: a URL is a remote reward (arlctl/rewards/server.py), anything else the registry's."""
-    from arlctl.stages.rollout_job import parse_env_options
-
     options = parse_env_options(pairs, "--reward-opt")
     if is_url(spec):
         from arlctl.rewards.server import RemoteReward

@@ -40,7 +40,7 @@ from arlctl.io import ledger as run_ledger
 from arlctl.io import store
 from arlctl.rl import checkpoint as ckpt
 from arlctl.rl import distributed as dd
-from arlctl.stages.configs import TrainConfig
+from arlctl.rl.config import TrainConfig
 
 TRAINER_DIR = "trainer"
 FULL_KEY = "full"  # state.json: False for a weights-only checkpoint
