@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         run, watch, as_json = opts.run, opts.watch, opts.as_json
         if run is None and (opts.in_url is None or opts.out_url is None):
             raise UsageError("give --in and --out, or --run RUN")
+        cfg.check()  # a wrong setting is named before the IO is looked at
         in_url, out_url = resolve_io("filter", run, opts.in_url, opts.out_url, watch=watch)
         layout = RunLayout(run) if run else None
         io = FilterIO(in_url=in_url, out=out_url, metrics=opts.metrics or metrics_dir_for(out_url, run),

@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         run, watch, as_json = opts.run, opts.watch, opts.as_json
         if run is None and (opts.in_url is None or opts.out is None):
             raise UsageError("give --in and --out, or --run RUN")
+        cfg.check()  # a wrong setting is named before the IO is looked at
         in_url, out = resolve_io("train", run, opts.in_url, opts.out, watch=watch)
         if opts.nproc:
             raise typer.Exit(_launch_torchrun(opts.nproc))

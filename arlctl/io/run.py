@@ -154,15 +154,16 @@ def check_stage_io(stage: str, run: str | None, inputs: dict[str, str], outputs:
                    watch: bool = False) -> None:
     """The one IO check of every stage command, made before anything is created (issue 27 item 2).
 
-    - Only `rollout` starts a run: any other stage given a --run that does not exist is a usage error, so a
-      typo never leaves a half-made run behind (a lock directory, an empty metrics file).
+    - Only the stages that read no stage's output (rollout, and eval of a policy) start a run: any other
+      stage given a --run that does not exist is a usage error, so a typo never leaves a half-made run
+      behind (a lock directory, an empty metrics file).
     - Every input must exist, unless the stage --watch-es it (a daemon waits for its upstream to appear).
     - An output may not be, lie inside, or hold an input, nor another stage's directory of the run: a
       stage reading what it writes re-reads its own output on every re-run (filter --in X --out X).
     A missing path's error names it and the closest existing names beside it.
     """
     waits = watch and run is not None and is_remote(run)  # an object store has no empty run "directory"
-    if run is not None and stage != "rollout" and not waits and not _exists(run):
+    if run is not None and STAGE_IO[stage][0] is not None and not waits and not _exists(run):
         raise UsageError(f"{stage}: run directory {run} does not exist",
                          hint=_near(run) or "a run is started by `arlctl rollout --run RUN`")
     if not watch:

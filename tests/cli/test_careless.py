@@ -7,6 +7,8 @@ module; the commands under test run in process (tests/inprocess.py), the same cl
 
 from __future__ import annotations
 
+import shutil
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -70,8 +72,10 @@ def test_a_missing_input_is_a_usage_error_that_names_it_and_makes_nothing(run, t
 
 
 @pytest.mark.parametrize("command", [["train", "--policy", "tiny"], ["filter"], ["reward", "--reward", "first-token"],
-                                     ["sync"], ["eval", "--policy", "tiny", "--env", "first-token"]])
-def test_only_rollout_starts_a_run_directory(run, command):
+                                     ["sync"]])
+def test_only_the_producing_stages_start_a_run_directory(run, command):
+    """rollout (and eval of a policy) read no stage's output: they may start a run. Every other stage reads
+    one, so a --run that does not exist is a typo."""
     typo = run.parent / "math-rnu"
     done = arlctl(command[0], "--run", typo, *command[1:])
     assert done.returncode == 2, done.stderr
@@ -101,7 +105,7 @@ def test_query_never_counts_a_foreign_parquet_file_among_the_trajectories(run, t
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     shard = list_shards(str(run / "rollouts"))[0]
-    (mixed / "part-0.parquet").write_bytes(open(shard, "rb").read())
+    shutil.copyfile(shard, mixed / "part-0.parquet")
     pq.write_table(pa.table({"a": list(range(100))}), mixed / "notes.parquet")
     expected = read_shard(shard).num_rows
     done = arlctl("query", "select count(*) as n from trajectories", mixed, "--json")
