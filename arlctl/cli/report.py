@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
 
 def _render_once(run: str, out: str, samples: int, sample_ids: tuple[str, ...], shot: Path | None,
                  size: tuple[int, int] | None, as_json: bool, refresh_s: float | None) -> None:
-    from arlctl.io.fs import is_remote
+    from arlctl.io import store
     from arlctl.report import PAGE, build_report, write_report
 
     with console.status(f"report: reading {escape(run)}"):
@@ -88,7 +88,7 @@ def _render_once(run: str, out: str, samples: int, sample_ids: tuple[str, ...], 
 
         with tempfile.TemporaryDirectory(prefix="arlctl-report-") as tmp:
             html = Path(report.written["html"])
-            if is_remote(report.written["html"]):  # Chromium opens local files: take a copy
+            if store.local_path(report.written["html"]) is None:  # Chromium opens local files: take a copy
                 html = Path(tmp) / PAGE
                 html.write_text(report.html, encoding="utf-8")
             report.written["screenshot"] = str(screenshot(html, shot, *size))

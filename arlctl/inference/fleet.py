@@ -27,12 +27,10 @@ URLs, or plain text with one URL per line (`#` starts a comment).
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import logging
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -40,7 +38,6 @@ from typing import Any
 
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import store
-from arlctl.io.fs import is_remote
 from arlctl.io.run import RunLayout
 
 log = logging.getLogger("arlctl.fleet")
@@ -392,15 +389,7 @@ class Fleet:
         return True
 
     def _file_stamp(self) -> Any:
-        path = str(self.servers_file)
-        if not is_remote(path):
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                return None
-            return (st.st_mtime_ns, st.st_size, st.st_ino)
-        data = store.read_file(path)
-        return None if data is None else hashlib.sha256(data).hexdigest()
+        return store.stamp(str(self.servers_file))
 
     def retire(self, engine: Server, why: str) -> None:
         if engine.state != "gone":

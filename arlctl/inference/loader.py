@@ -30,7 +30,7 @@ from arlctl import models
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Policy
 from arlctl.io import ledger, store
-from arlctl.io.fs import is_remote, join
+from arlctl.io.fs import join
 
 BACKENDS = ("hf", "vllm", "openai")
 SPEC_HINT = "give a local HF model directory, a run's policy/ directory with LATEST, `default` or `tiny`"
@@ -50,7 +50,7 @@ def resolve_policy(spec: str, progress: bool = True) -> ResolvedPolicy:
         return ResolvedPolicy(models.ensure_default_model(progress=progress), models.DEFAULT_MODEL, 0)
     if spec == "tiny":
         return ResolvedPolicy(models.tiny_model_dir(), "tiny", 0)
-    if is_remote(spec):
+    if store.local_path(spec) is None:
         return _resolve_remote(spec.rstrip("/"))
     path = Path(spec).expanduser()
     if not path.exists():

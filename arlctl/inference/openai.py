@@ -53,7 +53,8 @@ from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Generation, SamplingParams, route_key
 from arlctl.inference.fleet import Fleet, Server, base_url
 from arlctl.inference.sampling_check import check_sampling
-from arlctl.io.fs import basename, is_remote
+from arlctl.io import store
+from arlctl.io.fs import basename
 from arlctl.io.ledger import parse_version
 
 log = logging.getLogger("arlctl.fleet")
@@ -337,7 +338,7 @@ class OpenAIPolicy:
         kept in `maintenance_error` (a metrics column) and logged."""
         try:
             if self.fleet.servers_file is not None:
-                if is_remote(self.fleet.servers_file):
+                if store.local_path(self.fleet.servers_file) is None:  # a GET: off the event loop
                     await asyncio.to_thread(self.fleet.poll_file)
                 else:
                     self.fleet.poll_file()  # one stat when nothing changed

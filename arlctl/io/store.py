@@ -58,6 +58,25 @@ def child(parent: str | os.PathLike, name: str) -> Location:
     return join(str(parent), name) if is_remote(parent) else Path(parent) / name
 
 
+def local_path(url: str | os.PathLike) -> Path | None:
+    """Where `url` lies on this machine's filesystem (a Path to open, stat or hand to a tool), or None
+    when it lives on an object store and must be read or written through this module."""
+    return None if is_remote(url) else Path(url)
+
+
+def stamp(url: str | os.PathLike) -> object | None:
+    """A token that changes when the file `url` changes, None when it does not exist: one stat locally
+    (mtime, size, inode), the content's sha256 on an object store (one small GET)."""
+    if not is_remote(url):
+        try:
+            st = os.stat(url)
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    data = read_file(url)
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
 # ----------------------------------------------------------------------------------------------- single files
 
 
@@ -359,4 +378,4 @@ def local_copy(url: str, dest: Path, names: list[str], complete: str,
 
 
 __all__ = ["Location", "child", "commit_dir", "dir_files", "exists", "is_committed", "list_committed", "list_names", "local_copy",
-           "location", "read_file", "remove_dir", "remove_file", "scratch_copy", "sha256", "write_file"]
+           "local_path", "location", "stamp", "read_file", "remove_dir", "remove_file", "scratch_copy", "sha256", "write_file"]

@@ -333,7 +333,7 @@ class TrainerState:
         if self.d.is_main:  # a leftover of an attempt that died: nobody may add to it
             store.remove_dir(staging)
         self.d.barrier()
-        if not store.is_remote(staging):  # written in place; the commit moves them in (one write per file)
+        if store.local_path(staging) is not None:  # written in place; the commit moves them in (one write per file)
             mine = self._save_dcp(Path(staging) / TRAINER_DIR, model_sd, optim_sd)
         else:  # written here first, then uploaded; the commit copies them server-side
             with tempfile.TemporaryDirectory(prefix="arlctl-dcp-") as scratch:

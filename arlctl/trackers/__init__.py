@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from arlctl.errors import UsageError
-from arlctl.io.fs import basename, is_remote, join
+from arlctl.io import store
+from arlctl.io.fs import basename, join
 from arlctl.settings import setting
 from arlctl.trackers.cursor import exports_dir
 from arlctl.trackers.points import Point
@@ -67,7 +68,7 @@ def destination(tracker: str, run: str, cfg: ExportConfig) -> str:
     given = {"tensorboard": cfg.tb_dir, "wandb": cfg.wandb_dir, "mlflow": cfg.mlflow_uri}[tracker]
     if given:
         return given
-    if is_remote(run):
+    if store.local_path(run) is None:
         flag = {"tensorboard": "--tb-dir", "wandb": "--wandb-dir", "mlflow": "--mlflow-uri"}[tracker]
         raise UsageError(f"{run} is not local: give {flag} for the {tracker} output",
                          hint="trackers write local files; the cursor still lives in RUN/exports")
