@@ -14,7 +14,7 @@ from arlctl.cli.daemon import run_stage
 from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.io.run import RunLayout, resolve_io
-from arlctl.stages.configs import TrainConfig
+from arlctl.rl.config import TrainConfig
 from arlctl.stages.jobs import TrainOptions
 
 HELP = """Train the policy on batch shards: one optimizer step per shard, in name order, each shard once.
