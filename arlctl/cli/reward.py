@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from arlctl.stages.reward import RewardIO, RewardResult
 
         cfg.check()
-        in_, out = resolve_io("reward", run, in_, out)
+        in_, out = resolve_io("reward", run, in_, out, watch=watch)
         shard = parse_worker(worker)
         fn = build(cfg)
         if not dry_run:
