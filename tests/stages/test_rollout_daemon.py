@@ -1,6 +1,6 @@
 """`arlctl rollout --watch`: epochs over the tasks, policy reloads at turn boundaries, clean SIGTERM.
 
-Real processes and the tiny model. A "new policy version" is the tiny model copied into RUN/policy as
+The tiny model; the epochs run in process, the SIGTERM test is a real process (e2e). A "new policy version" is the tiny model copied into RUN/policy as
 v000001 with a version.json, laid out the way `arlctl sync` publishes (stages/sync.py): the weights are
 the same, the version the backend records per turn is what the test follows.
 """
@@ -16,6 +16,9 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+import pytest
+from inprocess import arlctl
 
 from arlctl.io.lock import RunLock
 from arlctl.io.shards import list_shards, read_shard
@@ -45,14 +48,14 @@ def no_partial_files(out: str) -> bool:
 
 def test_max_epochs_runs_every_task_once_per_epoch_with_different_samples(tmp_path):
     run = str(tmp_path / "run")
-    command = [*ARLCTL, "rollout", "--watch", "--max-epochs", "2", "--env", "first-token",
+    command = ["rollout", "--watch", "--max-epochs", "2", "--env", "first-token",
                "--tasks", "builtin:first-token?n=3&seed=0", "--policy", "tiny", "--run", run, "-G", "2",
                "--max-new-tokens", "6", "--seed", "0", "--flush-groups", "1", "--poll", "0.5", "--json", "-q"]
     with RunLock(f"{run}/rollouts", "rollout"):  # another rollout daemon holds the output
-        busy = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        busy = arlctl(*command)
     assert busy.returncode == 75 and "another `arlctl rollout` holds" in busy.stderr
     assert list_shards(f"{run}/rollouts") == []
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = arlctl(*command)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["epochs"] == 2 and summary["groups"] == 6 and summary["rows_written"] == 12
@@ -70,6 +73,7 @@ def test_max_epochs_runs_every_task_once_per_epoch_with_different_samples(tmp_pa
     assert os.path.isdir(f"{run}/rollouts/_locks") and no_partial_files(f"{run}/rollouts")
 
 
+@pytest.mark.e2e
 def test_reloads_a_new_version_at_turn_boundaries_and_stops_cleanly_on_sigterm(tmp_path):
     run = tmp_path / "run"
     policy_dir = run / "policy"
