@@ -93,9 +93,9 @@ def test_cli_make_tiny_and_info(tmp_path):
     assert info["params"] == 49152 * 64 + 2 * per_layer + 64
 
 
-def test_cli_info_bad_spec_exits_1_with_hint(tmp_path):
+def test_cli_info_bad_spec_exits_2_with_hint(tmp_path):
     result = CliRunner().invoke(_cli(), ["model", "info", str(tmp_path / "nope")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a spec that names no policy is a usage error
     assert "not found" in result.output and "hint" in result.output
 
 

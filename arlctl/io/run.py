@@ -185,12 +185,14 @@ def check_stage_io(stage: str, run: str | None, inputs: dict[str, str], outputs:
 
 
 def _exists(url: str) -> bool:
-    from arlctl.io.fs import get_fs
+    """Local paths only: an object store has no empty directories, so a prefix nothing was written under yet
+    cannot be told from a typo without a request (and credentials) this check must not need."""
+    import os
 
-    fs, path = get_fs(url)
     if is_remote(url):
-        fs.invalidate_cache(path)
-    return bool(fs.exists(path))
+        return True
+    text = str(url).split("://", 1)[1] if "://" in str(url) else str(url)
+    return os.path.exists(os.path.expanduser(text))
 
 
 def _canonical(url: str) -> str:
