@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 
 class ArlctlError(Exception):
     """Base class. `hint` is a one-line suggestion the CLI prints after the message."""
@@ -44,9 +46,11 @@ class NoShardsError(TerminalError):
         self.location = location
 
 
-def did_you_mean(word: str, candidates: list[str] | set[str] | tuple[str, ...]) -> str | None:
-    """'did you mean X?' (or 'X or Y?') for the candidates closest to a mistyped name, else None."""
+def did_you_mean(word: str, candidates: Iterable[str], *, n: int = 2,
+                 shown: Callable[[str], str] = str) -> str | None:
+    """'did you mean X?' (or 'X or Y?') for the candidates closest to a mistyped name, each written as
+    `shown(candidate)` (a path, a flag); None when nothing is close."""
     import difflib
 
-    close = difflib.get_close_matches(word, sorted(candidates), n=2, cutoff=0.6)
-    return f"did you mean {' or '.join(close)}?" if close else None
+    close = difflib.get_close_matches(word, sorted(candidates), n=n, cutoff=0.6)
+    return f"did you mean {' or '.join(shown(c) for c in close)}?" if close else None

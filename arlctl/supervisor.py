@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -52,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arlctl.errors import UsageError
+from arlctl.errors import UsageError, did_you_mean
 from arlctl.io.run import STAGE_IO, local_logs
 
 SIDE_STAGES = ("eval",)  # read the run, feed nothing back: no pipeline stage waits on them
@@ -333,8 +332,7 @@ def _env(raw: Any, name: str, fail: Callable[..., UsageError]) -> dict[str, str]
 
 
 def _suggest(word: str, choices: Any, prefix: str = "") -> str | None:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"did you mean {prefix}{close[0]}?" if close else None
+    return did_you_mean(word, choices, n=1, shown=lambda choice: prefix + choice)
 
 
 # ---------------------------------------------------------------------------------------------- children

@@ -90,7 +90,7 @@ def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = 
         derived = config_parameters(config, skip)
         names = {f.name for f in cli_fields(config) if f.name not in skip}
         job_names = {f.name for f in cli_fields(options)} if options is not None else set()
-        clash = (names | job_names) & {p.name for p in own} | (names & job_names)
+        clash = ((names | job_names) & {p.name for p in own}) | (names & job_names)
         if clash:
             raise TypeError(f"{fn.__name__}: options {sorted(clash)} are declared twice")
         quiet_in_job = "quiet" in job_names

@@ -121,7 +121,7 @@ def _load_builtin(spec: str) -> list[dict[str, Any]]:
     import_provider(name, BUILTIN_SOURCES, "builtin task source")
     if name not in BUILTIN_SOURCES:
         known = builtin_source_names()
-        guess = did_you_mean(f"builtin:{name}", [f"builtin:{n}" for n in known])
+        guess = did_you_mean(name, known, shown=lambda n: f"builtin:{n}")
         listed = ", ".join(f"builtin:{n}" for n in known)
         raise UsageError(f"unknown task source builtin:{name}",
                          hint=(f"{guess} " if guess else "") + f"known: {listed}, or a JSONL or Parquet file path")

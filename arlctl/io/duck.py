@@ -62,13 +62,6 @@ def shard_dataset(shards: Sequence[str], with_filename: bool = True,
     all read as they are (the caller says so: `foreign` then names every file)."""
     if not shards:
         raise NoShardsError("(no paths)")
-    if foreign is not None:
-        opened_once: dict[str, FileSystem] = {}
-        found = {shard: _open(shard, opened_once)[2] for shard in shards}
-        strangers = [shard for shard, schema in found.items() if not is_trajectory_schema(schema)]
-        foreign.extend(strangers)
-        if len(strangers) < len(shards):
-            shards = [shard for shard in shards if shard not in set(strangers)]
     filesystems: dict[str, FileSystem] = {}  # one pyarrow filesystem per fsspec protocol
     for shard in shards[:1]:
         _filesystem(shard, filesystems)
@@ -77,6 +70,12 @@ def shard_dataset(shards: Sequence[str], with_filename: bool = True,
     else:  # footers are small reads, each a round trip on an object store: a few at a time
         with ThreadPoolExecutor(max_workers=min(16, len(shards))) as pool:
             opened = list(pool.map(lambda shard: _open(shard, filesystems), shards))
+    if foreign is not None:  # the footers just read say which files are trajectory shards
+        ours = [is_trajectory_schema(schema) for _, _, schema in opened]
+        foreign.extend(shard for shard, mine in zip(shards, ours, strict=True) if not mine)
+        if any(ours):
+            shards = [shard for shard, mine in zip(shards, ours, strict=True) if mine]
+            opened = [o for o, mine in zip(opened, ours, strict=True) if mine]
     schemas = [schema for _, _, schema in opened]
     try:
         schema = pa.unify_schemas(schemas, promote_options="permissive")

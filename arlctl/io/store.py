@@ -61,7 +61,10 @@ def child(parent: str | os.PathLike, name: str) -> Location:
 def local_path(url: str | os.PathLike) -> Path | None:
     """Where `url` lies on this machine's filesystem (a Path to open, stat or hand to a tool), or None
     when it lives on an object store and must be read or written through this module."""
-    return None if is_remote(url) else Path(url)
+    if is_remote(url):
+        return None
+    text = str(url)
+    return Path(text.split("://", 1)[1] if "://" in text else text).expanduser()  # file:///x -> /x
 
 
 def stamp(url: str | os.PathLike) -> object | None:
