@@ -17,6 +17,7 @@ from arlctl.errors import UsageError
 from arlctl.io.fs import is_remote, join
 from arlctl.io.ledger import MANIFEST_DIR, version_dir_name
 from arlctl.io.lock import LOCK_DIR
+from arlctl.io.store import local_path
 
 STAGE_DIRS = {
     "rollouts": "rollouts",
@@ -157,26 +158,26 @@ def check_stage_io(stage: str, run: str | None, inputs: dict[str, str], outputs:
     - Only the stages that read no stage's output (rollout, and eval of a policy) start a run: any other
       stage given a --run that does not exist is a usage error, so a typo never leaves a half-made run
       behind (a lock directory, an empty metrics file).
-    - Every input must exist, unless the stage --watch-es it (a daemon waits for its upstream to appear).
+    - Every input must exist. With --watch neither the run nor the inputs need to: daemons are started side by
+      side (`arlctl up`, systemd units) and one waits for its upstream to appear.
     - An output may not be, lie inside, or hold an input, nor another stage's directory of the run: a
       stage reading what it writes re-reads its own output on every re-run (filter --in X --out X).
     A missing path's error names it and the closest existing names beside it.
     """
-    waits = watch and run is not None and is_remote(run)  # an object store has no empty run "directory"
-    if run is not None and STAGE_IO[stage][0] is not None and not waits and not _exists(run):
-        raise UsageError(f"{stage}: run directory {run} does not exist",
-                         hint=_near(run) or "a run is started by `arlctl rollout --run RUN`")
     if not watch:
+        if run is not None and STAGE_IO[stage][0] is not None and not _exists(run):
+            raise UsageError(f"{stage}: run directory {run} does not exist",
+                             hint=_near(run) or "a run is started by `arlctl rollout --run RUN`")
         for flag, path in inputs.items():
             if not _exists(path):
                 raise UsageError(f"{stage}: {flag} {path} does not exist",
                                  hint=_near(path) or f"{flag} names a directory an earlier stage wrote")
     claimed = {f"{flag} {path}": path for flag, path in inputs.items()}
     if run is not None:
-        own = STAGE_IO[stage][1]  # the one directory of the run this stage writes
+        layout, own = RunLayout(run), STAGE_IO[stage][1]  # own: the one directory of the run this stage writes
         for kind in STAGE_DIRS:
             if kind != own:
-                claimed.setdefault(f"the run's {kind}/ ({RunLayout(run).path(kind)})", RunLayout(run).path(kind))
+                claimed.setdefault(f"the run's {kind}/ ({layout.path(kind)})", layout.path(kind))
     for flag, path in outputs.items():
         for what, other in claimed.items():
             if _overlaps(path, other):
@@ -187,22 +188,14 @@ def check_stage_io(stage: str, run: str | None, inputs: dict[str, str], outputs:
 def _exists(url: str) -> bool:
     """Local paths only: an object store has no empty directories, so a prefix nothing was written under yet
     cannot be told from a typo without a request (and credentials) this check must not need."""
-    import os
-
-    if is_remote(url):
-        return True
-    text = str(url).split("://", 1)[1] if "://" in str(url) else str(url)
-    return os.path.exists(os.path.expanduser(text))
+    path = local_path(url)
+    return path is None or path.exists()
 
 
 def _canonical(url: str) -> str:
     """Comparable form of a location: a local path made absolute with its links resolved, a URL unslashed."""
-    import os
-
-    if is_remote(url):
-        return str(url).rstrip("/")
-    text = str(url).split("://", 1)[1] if "://" in str(url) else str(url)
-    return os.path.realpath(os.path.abspath(os.path.expanduser(text)))
+    path = local_path(url)
+    return str(url).rstrip("/") if path is None else str(path.resolve())
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -218,25 +211,19 @@ def _near(url: str) -> str | None:
 
     from arlctl.errors import did_you_mean
 
-    if is_remote(url):
+    path = local_path(url)
+    if path is None:
         return None
-    path = os.path.normpath(os.path.expanduser(str(url)))
-    missing: list[str] = []
-    parent = path
-    while parent and not os.path.isdir(parent):
-        parent, name = os.path.split(parent)
-        missing.insert(0, name)
-        if not name:
-            break
-    parent = parent or "."
-    if not missing or not os.path.isdir(parent):
+    parent, missing = path, []
+    while not parent.is_dir() and parent != parent.parent:
+        missing.insert(0, parent.name)
+        parent = parent.parent
+    if not missing or not parent.is_dir():
         return None
     names = [n for n in os.listdir(parent) if not n.startswith((".", "_"))]
-    guess = did_you_mean(missing[0], names)
+    guess = did_you_mean(missing[0], names, shown=lambda n: str(parent.joinpath(n, *missing[1:])))
     if guess:
-        close = guess.removeprefix("did you mean ").removesuffix("?").split(" or ")
-        return "did you mean " + " or ".join(os.path.join(parent, n, *missing[1:]) if parent != "." else
-                                              os.path.join(n, *missing[1:]) for n in close) + "?"
+        return guess
     shown = sorted(names)[:8]
     return f"{parent}/ holds: {', '.join(shown)}{', ...' if len(names) > len(shown) else ''}" if shown else None
 

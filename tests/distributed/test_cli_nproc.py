@@ -22,6 +22,7 @@ def test_nproc_launches_two_ranks_and_only_rank_zero_writes(tmp_path):
     out, metrics = tmp_path / "ckpt", tmp_path / "metrics"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
     run = tmp_path / "run"  # --run too: torchrun must not read it as its own --run-path
+    run.mkdir()  # an existing run (train never starts one)
     res = subprocess.run([sys.executable, "-m", "arlctl.cli.main", "train", "--nproc", "2", "--run", str(run),
                           "--in", batches, "--out", str(out), "--policy", str(model), "--metrics", str(metrics), "--json",
                           "--save-every", "1"], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)

@@ -139,11 +139,16 @@ class Held(Slow):
 def test_a_timeout_is_retried_then_a_null_reward(scripted):
     held = Held()
     server = scripted(lambda m: held)
+    # A failsafe, not a bound: a judge that ignored its 0.3 s timeout gets an answer after 120 s and the
+    # assertions below fail, instead of the test hanging.
+    failsafe = threading.Timer(120.0, held.released.set)
+    failsafe.start()
     try:
         value, _, info = grade(judge(server, timeout=0.3, retries=1))
         # Both attempts were given up on while the server still held them: the null came from the timeout.
         assert server.in_flight == 2 and server.calls == 2
     finally:
+        failsafe.cancel()
         held.released.set()
     assert value is None and info["infra"] is True
     assert info["error"] == "judge: judge request timed out after 0.3 s " \
