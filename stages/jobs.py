@@ -33,6 +33,28 @@ class RunOptions:
     quiet: bool = setting(False, QUIET_HELP, short="-q")
 
 
+POLICY_HELP = ("HF dir, RUN/policy (uses LATEST), default, tiny, or a scripted oracle:gold / oracle:empty (swe), "
+               "oracle:humaneval, oracle:reasoning-gym, oracle:replies=FILE, oracle:textarena, oracle:calculator "
+               "(math).")
+
+
+@dataclass
+class PolicyOptions:
+    """Which policy a stage runs and how it is served: what rollout and eval share (stages/policy_job.py
+    turns it into a policy, once)."""
+
+    policy: str = setting("default", POLICY_HELP)
+    backend: str = setting("hf", "Inference backend: hf, vllm, openai.")
+    backend_opt: list[str] = setting(help="KEY=VALUE passed to the inference backend, e.g. enforce_eager=false "
+                                     "(vllm: compiled, slower to start, faster to generate) or kv_cache_gib=4.",
+                                     factory=list)
+    server: list[str] = setting(help="openai backend: server URL (repeatable).", factory=list)
+    servers_file: str | None = setting(None, "openai backend: a file of server URLs re-read while running (engines "
+                                       "join and drain); default RUN/fleet.json with --run when it exists or no "
+                                       "--server is given.")
+    max_batch: int = setting(32, "Sequences per forward pass (hf backend; vllm: max_num_seqs).")
+
+
 @dataclass
 class FilterOptions(RunOptions):
     in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Any
 
@@ -12,6 +13,11 @@ from arlctl.cli.common import console, handle_errors, stop_on_signals
 from arlctl.errors import TerminalError, UsageError
 from arlctl.serve.batcher import DEFAULT_FLUSH_SECONDS, DEFAULT_FLUSH_SESSIONS
 from arlctl.serve.validation import DEFAULT_MAX_BODY_BYTES
+from arlctl.stages.jobs import PolicyOptions
+
+# --max-batch is rollout's and eval's (PolicyOptions): one default, one help. A server batches whatever
+# requests are waiting, so a larger bound costs a lone client nothing.
+MAX_BATCH = next(f for f in dataclasses.fields(PolicyOptions) if f.name == "max_batch")
 
 HELP = """Serve a policy behind an OpenAI-compatible API (/v1/chat/completions, /v1/completions) and Anthropic's Messages API (/v1/messages), streaming or not, and record each session's exact token ids and log-probs as trajectory rows, so any OpenAI-client agent produces training data.
 
@@ -37,7 +43,7 @@ def register(app: typer.Typer) -> None:
         record: str = typer.Option(None, "--record", help="Directory (any fsspec URL) for recorded shards."),
         idle_timeout: float = typer.Option(600.0, "--idle-timeout", help="End a session after T idle seconds."),
         max_tokens: int = typer.Option(256, "--max-tokens", help="Default max tokens per reply."),
-        max_batch: int = typer.Option(16, "--max-batch", help="Sequences per forward pass (hf, vllm)."),
+        max_batch: int = typer.Option(MAX_BATCH.default, "--max-batch", help=MAX_BATCH.metadata["help"]),
         server: list[str] = typer.Option([], "--server", help="Upstream server URL (openai backend; repeatable)."),
         max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, "--max-body-bytes",
                                            help="Largest request body accepted (bigger: 413)."),
@@ -48,9 +54,9 @@ def register(app: typer.Typer) -> None:
                                         "turn i gets reply i); loads only --policy's tokenizer. For harness and "
                                         "load tests."),
     ) -> None:
-        from arlctl.inference.loader import load_policy
         from arlctl.inference.sampling_check import MAX_NEW_TOKENS, check_int
         from arlctl.serve.app import ServeState
+        from arlctl.stages import policy_job
 
         check_int("--max-tokens", max_tokens, 1, MAX_NEW_TOKENS)
         check_int("--max-body-bytes", max_body_bytes, 1, 1 << 40)
@@ -58,11 +64,9 @@ def register(app: typer.Typer) -> None:
         for flag, value in (("--idle-timeout", idle_timeout), ("--flush-seconds", flush_seconds)):
             if not (math.isfinite(value) and value > 0):
                 raise UsageError(f"{flag} must be a positive number of seconds, got {value}")
-        if reply:
-            pol = _scripted(policy, reply)
-        else:
-            opts: dict[str, Any] = {"max_batch": max_batch} if backend == "hf" else {}
-            pol = load_policy(policy, backend=backend, **opts)
+        choice = policy_job.choose(PolicyOptions(policy=policy, backend=backend, server=server, max_batch=max_batch),
+                                   scripted_ok=False)
+        pol = _scripted(choice, reply) if reply else policy_job.load(choice)
         state = ServeState(pol, record, idle_timeout_s=idle_timeout, default_max_tokens=max_tokens,
                            max_body_bytes=max_body_bytes, flush_sessions=flush_sessions, flush_seconds=flush_seconds)
         console.print(f"serving {pol.name} (v{pol.version}) on http://{host}:{port}/v1"
@@ -79,16 +83,14 @@ def register(app: typer.Typer) -> None:
                                 hint="see the log above for each session's error")
 
 
-def _scripted(policy: str, replies: list[str]) -> Any:
+def _scripted(choice: Any, replies: list[str]) -> Any:
     """The --reply policy over --policy's tokenizer (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    from arlctl.inference.loader import resolve_policy
     from arlctl.serve.replies import replies_policy
 
-    resolved = resolve_policy(policy)
-    tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), local_files_only=True)
-    return replies_policy(tokenizer, resolved.name, replies)
+    tokenizer = AutoTokenizer.from_pretrained(str(choice.resolved.path), local_files_only=True)
+    return replies_policy(tokenizer, choice.resolved.name, replies)
 
 
 async def _main(state: Any, host: str, port: int) -> None:

@@ -161,11 +161,18 @@ def load_policy(spec: str, backend: str = "hf", **opts: Any) -> Policy:
     if spec.startswith("oracle:"):
         raise UsageError(f"{spec!r} is a scripted policy for `arlctl rollout --policy {spec}` only",
                          hint="serve and train need a model: default, tiny, an HF directory or a policy directory")
+    check_backend(backend)
+    return load_resolved(resolve_policy(spec, progress=opts.pop("progress", True)), backend, **opts)
+
+
+def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
-        raise UsageError(
-            f"unknown inference backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
-        )
-    resolved = resolve_policy(spec, progress=opts.pop("progress", True))
+        raise UsageError(f"unknown inference backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}")
+
+
+def load_resolved(resolved: ResolvedPolicy, backend: str = "hf", **opts: Any) -> Policy:
+    """Load a policy already resolved (resolve_policy) with `backend`: the spec is not resolved again."""
+    check_backend(backend)
     if backend == "vllm":
         try:
             import vllm.engine.arg_utils  # noqa: F401  (the real package, not a stray directory)
