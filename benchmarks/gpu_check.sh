@@ -177,7 +177,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from arlctl.io.shards import Lineage, write_shard
-from arlctl.stages.filter import FilterConfig, pack_batches
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import pack_batches
 from arlctl.synthetic import synthetic_table
 
 work, models = Path(sys.argv[1]), sys.argv[2].split()
@@ -243,7 +244,8 @@ try:
     from arlctl.cli.main import main
 except ImportError as e:  # a package only some other command needs is missing: call the stage itself
     print(f"arlctl.cli.main does not import ({e}); calling arlctl.stages.train.train", file=sys.stderr)
-    from arlctl.stages.train import TrainConfig, train
+    from arlctl.rl.config import TrainConfig
+    from arlctl.stages.train import train
 
     run = spec["run"]
     summary = train(f"{run}/batches", spec["policy"], f"{run}/checkpoints", TrainConfig(**spec["settings"]),

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def config(args: argparse.Namespace, concurrency: int) -> Any:
-    from arlctl.stages.rollout import RolloutConfig
+    from arlctl.stages.agent_loop import RolloutConfig
 
     return RolloutConfig(env="math", group_size=args.group_size, concurrency=concurrency, max_turns=args.turns,
                          max_new_tokens=args.max_new_tokens, max_tokens=args.max_new_tokens * args.turns * 2,
@@ -52,7 +52,8 @@ def config(args: argparse.Namespace, concurrency: int) -> Any:
 
 async def run_rollout(policy: Any, tasks: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
     from arlctl.envs.registry import make_env
-    from arlctl.stages.rollout import Stats, rollout
+    from arlctl.stages.agent_loop import Stats
+    from arlctl.stages.rollout import rollout
 
     rows: list[Any] = []
 

@@ -46,7 +46,8 @@ from arlctl.inference.base import Generation, Policy, SamplingParams
 from arlctl.inference.chat import ChatCodec
 from arlctl.inference.loader import load_policy
 from arlctl.schemas.rows import TrajectoryRow
-from arlctl.stages.rollout import RolloutConfig, rollout
+from arlctl.stages.agent_loop import RolloutConfig
+from arlctl.stages.rollout import rollout
 
 MEAN_LATENCY_S = 0.5
 SIGMA = 1.5  # exp(2.326 * 1.5 - 1.5**2 / 2) = 10.6: the p99 is 10.6x the mean, 5.3 s

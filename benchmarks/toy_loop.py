@@ -30,13 +30,16 @@ from arlctl.envs import toy
 from arlctl.envs.registry import env_factory, get_reward
 from arlctl.inference.hf import HFPolicy
 from arlctl.models import tiny_model_dir
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.distributed import ScoringModel
+from arlctl.rl.trainer_state import load_model, lr_lambda
 from arlctl.schemas.rows import rows_to_table
-from arlctl.stages.configs import FilterConfig, TrainConfig
+from arlctl.stages.agent_loop import RolloutConfig
+from arlctl.stages.configs import FilterConfig
 from arlctl.stages.filter import apply_rules, pack_batches
 from arlctl.stages.reward import reward_table
-from arlctl.stages.rollout import RolloutConfig, rollout
-from arlctl.stages.train import load_model, lr_lambda, train_step
+from arlctl.stages.rollout import rollout
+from arlctl.stages.train import train_step
 
 # The settings both arms share; GAMMA is the turn arm's own (the filter ignores it for --adv group).
 TASKS_PER_STEP = 4

@@ -41,7 +41,8 @@ import pyarrow as pa  # noqa: E402
 
 from arlctl.io.shards import Lineage, write_shard  # noqa: E402
 from arlctl.rl.checkpoint import resolve_policy_path  # noqa: E402
-from arlctl.stages.filter import FilterConfig, pack_batches  # noqa: E402
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import pack_batches
 from arlctl.synthetic import synthetic_table  # noqa: E402
 
 HALF_B = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
@@ -158,8 +159,8 @@ def publish_latency(root: Path, repeats: int) -> dict:
     import torch
 
     from arlctl.rl import distributed as dd
+    from arlctl.rl.config import TrainConfig
     from arlctl.rl.trainer_state import TrainerState
-    from arlctl.stages.configs import TrainConfig
 
     torch.set_num_threads(os.cpu_count() or 1)
     policy = model_dir("smollm2", root)

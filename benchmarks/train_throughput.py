@@ -35,8 +35,11 @@ import torch  # noqa: E402
 
 from arlctl.rl.batching import plan_micro_batches  # noqa: E402
 from arlctl.rl.checkpoint import resolve_policy_path  # noqa: E402
-from arlctl.stages.filter import FilterConfig, pack_batches  # noqa: E402
-from arlctl.stages.train import TrainConfig, load_model, train_step  # noqa: E402
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import load_model
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import pack_batches
+from arlctl.stages.train import train_step
 from arlctl.synthetic import synthetic_table  # noqa: E402
 
 

@@ -113,7 +113,7 @@ from arlctl.rl.advantages import (
     group_ids_to_index,
 )
 from arlctl.schemas.values import MAX_POLICY_VERSION, BadValue, bad_rows, find_bad_values
-from arlctl.stages.configs import DEFAULT_KEEP_STATUS, FilterConfig  # noqa: F401 (API: the settings live in stages/configs.py, torch-free)
+from arlctl.stages.configs import FilterConfig
 from arlctl.stages.results import FilterIO, FilterResult
 from arlctl.stages.turn_credit import (
     trajectory_returns,

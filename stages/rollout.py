@@ -12,9 +12,6 @@ Re-runs resume per sample: a group's id is derived from the configuration's hash
 (`Resume.group_id`), so a re-run with the same arguments names the same groups, skips the (group, sample)
 units an earlier invocation committed (arlctl/io/ledger.py `written_samples`) and rolls out only the rest,
 whose rows join the group they belong to (seeds are per task and sample already: the same draws).
-
-The names other modules import from here (RolloutConfig, Stats, parquet_safe, ...) are re-exported from
-the modules that own them.
 """
 
 from __future__ import annotations
@@ -30,26 +27,19 @@ from arlctl.envs.base import Env, as_env
 from arlctl.inference.base import Policy, as_policy
 from arlctl.inference.chat import ChatCodec
 from arlctl.schemas.rows import TrajectoryRow
-from arlctl.schemas.safe_text import parquet_safe, parquet_safe_value, safe_row
+from arlctl.schemas.safe_text import safe_row
 from arlctl.stages.agent_loop import (
-    BadGeneration,
     RolloutConfig,
     Stats,
     Trajectory,
     being_cancelled,
-    check_generation,
     crashed,
     final_state_after_bound,
     record_env_info,
     run_trajectory,
-    vocab_size,
 )
-from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
 
-__all__ = [
-    "Backpressure", "BadGeneration", "GroupAborted", "PolicyFollower", "Resume", "RolloutConfig", "Stats",
-    "check_generation", "parquet_safe", "parquet_safe_value", "rollout", "run_group", "safe_row", "vocab_size",
-]
+__all__ = ["GroupAborted", "Resume", "rollout", "run_group"]
 
 GroupSink = Callable[[list[TrajectoryRow]], Awaitable[None]]
 

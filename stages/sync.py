@@ -30,16 +30,12 @@ from typing import Any
 
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import ledger, store
-from arlctl.io.ledger import VERSION_FILE, list_versions, read_version_info, version_location  # noqa: F401 (API)
+from arlctl.io.ledger import VERSION_FILE, list_versions, read_version_info, version_location
 from arlctl.rl import checkpoint as ckpt
 from arlctl.stages.configs import SyncConfig
 from arlctl.stages.results import SyncIO, SyncResult
 
 TRAINER_ONLY = set(ckpt.TRAINER_ONLY)
-
-
-def sha256_file(path: Path) -> str:
-    return ckpt.sha256_file(path)
 
 
 def _hf_files(source: Path | str) -> dict[str, int]:

@@ -82,14 +82,7 @@ from arlctl.rl.batching import (
 )
 from arlctl.rl.config import TrainConfig
 from arlctl.rl.losses import METRIC_SUMS, OPTIONAL_SUMS, finalize_metrics, policy_loss, sft_loss
-from arlctl.rl.trainer_state import (  # noqa: F401 (API: load_model, load_tokenizer, lr_lambda live with the state)
-    LORA_REFERENCE,
-    TrainerState,
-    full_checkpoint_state,
-    load_model,
-    load_tokenizer,
-    lr_lambda,
-)
+from arlctl.rl.trainer_state import LORA_REFERENCE, TrainerState, full_checkpoint_state
 from arlctl.schemas.values import find_bad_values
 from arlctl.stages.results import TrainIO, TrainResult
 
@@ -647,7 +640,7 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-__all__ = ["TrainConfig", "forward_backward", "train", "train_step"]
+__all__ = ["forward_backward", "train", "train_step"]
 
 
 def run(cfg: TrainConfig, io: TrainIO, stop: threading.Event | None = None,

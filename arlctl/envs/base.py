@@ -4,8 +4,7 @@
 only async reset/step/close, and `as_env` fills in the rest with the loop's defaults (by wrapping the
 object, not by a base class). One member is optional for every env, built-in or not: `env_info()`
 (the EnvInfo protocol below), where the episode's environment ran; the loop reads it with `env_info(env)`.
-ToolCall and ParseError belong to the tool-call parsers (arlctl.tools.calls); they are re-exported here
-so an env can take everything it needs from this one module.
+ToolCall and ParseError belong to the tool-call parsers: import them from arlctl.tools.calls.
 """
 
 from __future__ import annotations
@@ -208,5 +207,5 @@ def _env_members() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-__all__ = ["Action", "Env", "EnvFactory", "EnvFailure", "EnvInfo", "EnvReset", "ParseError", "StepResult",
-           "ToolCall", "as_env", "env_info", "missing_methods"]
+__all__ = ["Action", "Env", "EnvFactory", "EnvFailure", "EnvInfo", "EnvReset", "StepResult", "as_env", "env_info",
+           "missing_methods"]

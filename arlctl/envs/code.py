@@ -36,13 +36,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
-from arlctl.envs.base import Action, EnvFailure, EnvReset, StepResult, ToolCall
+from arlctl.envs.base import Action, EnvFailure, EnvReset, StepResult
 from arlctl.envs.code_grader import REWARD_VERSION, extract_completion, problem, problems, score
 from arlctl.envs.registry import register_env, register_reward
 from arlctl.envs.tasks import int_option, register_task_scheme, reject_unknown_options
 from arlctl.errors import TerminalError, UsageError
 from arlctl.sandbox.base import SandboxError, placement_of
 from arlctl.sandbox.pool import SandboxPool
+from arlctl.tools.calls import ToolCall
 from arlctl.tools.hermes import OPEN_TAG, parse_hermes, strip_tool_calls
 from arlctl.tools.render import format_parse_error, format_tool_result
 
@@ -330,4 +331,4 @@ def mean_pass_at_k(results: Mapping[str, Sequence[bool]], k: int) -> float:
 register_env(ENV_NAME, CodeEnv, version=ENV_VERSION, factory=CodeEnvFactory)
 register_reward(ENV_NAME, score, REWARD_VERSION)
 
-__all__ = ["CodeEnv", "CodeEnvFactory", "PYTHON_TOOL", "humaneval_tasks", "mean_pass_at_k", "pass_at_k", "score"]
+__all__ = ["CodeEnv", "CodeEnvFactory", "PYTHON_TOOL", "humaneval_tasks", "mean_pass_at_k", "pass_at_k"]

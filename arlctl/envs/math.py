@@ -31,9 +31,10 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from arlctl.envs.base import Action, EnvReset, StepResult, ToolCall
+from arlctl.envs.base import Action, EnvReset, StepResult
 from arlctl.envs.calculator import calculate, format_number
 from arlctl.errors import TerminalError, UsageError
+from arlctl.tools.calls import ToolCall
 from arlctl.tools.hermes import OPEN_TAG, parse_hermes, strip_tool_calls
 from arlctl.tools.render import format_parse_error, format_tool_result
 

@@ -60,12 +60,13 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import parse_qsl
 
-from arlctl.envs.base import Action, EnvReset, StepResult, ToolCall
+from arlctl.envs.base import Action, EnvReset, StepResult
 from arlctl.envs.calculator import calculate
 from arlctl.envs.math import CALCULATOR_TOOL
 from arlctl.envs.registry import register_env, register_reward
 from arlctl.envs.tasks import int_option, register_task_scheme, register_task_source
 from arlctl.errors import TerminalError, UsageError
+from arlctl.tools.calls import ToolCall
 from arlctl.tools.hermes import parse_hermes, strip_tool_calls
 from arlctl.tools.render import format_parse_error, format_tool_result
 

@@ -63,8 +63,7 @@ _MOD = (1 << 61) - 1
 _BASE = 1_000_003
 PROBE_TIMEOUT_S = 2.0  # GET /health, /v1/models and /metrics: small answers, or the engine is not well
 
-__all__ = ["OpenAIPolicy", "Server", "StickyRouter", "NoServer", "notify_reload", "prefix_hashes", "probe",
-           "route_key"]
+__all__ = ["OpenAIPolicy", "StickyRouter", "NoServer", "notify_reload", "prefix_hashes", "probe"]
 
 
 def prefix_hashes(ids: list[int]) -> list[int]:

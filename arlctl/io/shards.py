@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from arlctl import __version__
 from arlctl.errors import CorruptShardError, NoShardsError, UsageError
-from arlctl.io.fs import basename, get_fs, is_hidden, join, to_url
+from arlctl.io.fs import basename, get_fs, is_hidden, to_url
 from arlctl.io.store import write_file
 from arlctl.schemas.trajectory import (
     SCHEMA_METADATA,
@@ -407,7 +407,7 @@ def _one_line(err: BaseException) -> str:
 
 
 __all__ = [
-    "DirListing", "Lineage", "ReadLimits", "config_hash", "is_shard_name", "join", "list_shards", "quarantine",
+    "DirListing", "Lineage", "ReadLimits", "config_hash", "is_shard_name", "list_shards", "quarantine",
     "quarantine_rows",
     "read_dirs", "read_lineage", "read_shard", "read_shards", "scan", "shard_name", "write_shard",
     "write_table_atomic",

@@ -36,9 +36,8 @@ import torch
 
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import store
-from arlctl.io.ledger import (  # STATE_FILE .. read_state re-exported: tests read checkpoints through here
+from arlctl.io.ledger import (
     STATE_FILE,
-    latest_checkpoint,
     list_checkpoints,
     read_latest,
     read_state,
@@ -180,6 +179,5 @@ def resolve_policy_path(spec: str) -> Path:
     return resolved
 
 
-__all__ = ["HF_FILES", "STATE_FILE", "TRAINER_ONLY", "first_nonfinite", "latest_checkpoint", "list_checkpoints",
-           "local_copy", "nonfinite_weight", "prune_checkpoints", "read_latest", "read_state", "resolve_policy_path",
-           "rng_state", "set_rng_state", "sha256_file", "write_manifest"]
+__all__ = ["HF_FILES", "TRAINER_ONLY", "first_nonfinite", "local_copy", "nonfinite_weight", "prune_checkpoints",
+           "resolve_policy_path", "rng_state", "set_rng_state", "write_manifest"]

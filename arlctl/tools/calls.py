@@ -1,7 +1,6 @@
 """What a tool-call parser produces: the calls a model wrote and the ones it botched.
 
-These live with the parsers (tools/ is below envs/); arlctl.envs.base re-exports both, so an env
-that imports them from there keeps working.
+These live with the parsers (tools/ is below envs/); envs import them from here.
 """
 
 from __future__ import annotations

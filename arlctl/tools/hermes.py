@@ -20,10 +20,9 @@ import re
 from typing import Any
 
 from arlctl.tools.calls import ParseError, ToolCall
-from arlctl.tools.schema import checked_call, decode_call_object, tool_function, tool_names, validate_call
+from arlctl.tools.schema import checked_call, decode_call_object
 
-# The schema helpers moved to arlctl.tools.schema (all parsers share them); re-exported for old importers.
-__all__ = ["parse_hermes", "strip_tool_calls", "tool_function", "tool_names", "validate_call", "OPEN_TAG", "CLOSE_TAG"]
+__all__ = ["parse_hermes", "strip_tool_calls", "OPEN_TAG", "CLOSE_TAG"]
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"

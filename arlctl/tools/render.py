@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from arlctl.tools.calls import ParseError, ToolCall
-from arlctl.tools.hermes import CLOSE_TAG, OPEN_TAG, tool_function
+from arlctl.tools.hermes import CLOSE_TAG, OPEN_TAG
+from arlctl.tools.schema import tool_function
 
 
 def _example_arguments(function: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ import pytest
 
 from arlctl.audit import audit_run
 from arlctl.io.shards import Lineage, write_shard
-from arlctl.stages.filter import FilterConfig, run_filter
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import run_filter
 from arlctl.synthetic import synthetic_table
 
 

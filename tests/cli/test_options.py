@@ -156,8 +156,8 @@ def test_train_dry_run_names_the_batches_and_writes_nothing(tmp_path):
 
 def test_train_stops_at_a_step_boundary_with_the_step_saved(tmp_path):
     from arlctl.models import tiny_model_dir
+    from arlctl.rl.config import TrainConfig
     from arlctl.stages import train as stage
-    from arlctl.stages.configs import TrainConfig
     from arlctl.stages.results import TrainIO
     from tests.cli.test_watch_stages import make_batches
 

@@ -18,7 +18,8 @@ from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.io.shards import Lineage, list_shards, read_shard, write_shard
 from arlctl.sandbox.bwrap import bwrap_available
 from arlctl.schemas.rows import rows_to_table
-from arlctl.stages.rollout import RolloutConfig, rollout
+from arlctl.stages.agent_loop import RolloutConfig
+from arlctl.stages.rollout import rollout
 
 runner = CliRunner()
 LONG = " word" * 40  # cut at --max-new-tokens 8; starts with a space, so first-token grades it 1.0

@@ -62,7 +62,8 @@ def write_rewarded(directory: Path, index: int, groups: int = 4) -> str:
 
 def make_batches(root: Path, start: int, n: int) -> str:
     """n batch shards through the real filter (one group of 2 rows each), as a filter daemon would write."""
-    from arlctl.stages.filter import FilterConfig, run_filter
+    from arlctl.stages.configs import FilterConfig
+    from arlctl.stages.filter import run_filter
 
     rewarded, batches = root / "rewarded", root / "batches"
     for i in range(start, start + n):
@@ -114,7 +115,8 @@ def test_train_watch_trains_new_batches_and_stops_between_steps(tmp_path):
 
 
 def test_sync_watch_publishes_each_new_checkpoint(tmp_path):
-    from arlctl.stages.train import TrainConfig, train
+    from arlctl.rl.config import TrainConfig
+    from arlctl.stages.train import train
 
     batches = make_batches(tmp_path, 0, 2)
     ckpts, policy = str(tmp_path / "checkpoints"), tmp_path / "policy"

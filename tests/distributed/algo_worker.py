@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from arlctl.stages.train import TrainConfig, train
+from arlctl.rl.config import TrainConfig
+from arlctl.stages.train import train
 
 
 def main() -> None:

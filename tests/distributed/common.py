@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.rl.distributed import split_rows
-from arlctl.stages.filter import FilterConfig, run_filter
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import run_filter
 from arlctl.synthetic import synthetic_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def near_policy(table: pa.Table, model_dir: Path, noise: float = 0.1, seed: int 
     """Behaviour log-probs = the model's own scores of the rows + noise: ratios near 1, so the PPO / TIS terms
     carry real gradient (random synthetic log-probs clip nearly every token and leave gradients at AdamW's eps)."""
     from arlctl.rl.batching import collate, score_tokens
-    from arlctl.stages.train import load_model
+    from arlctl.rl.trainer_state import load_model
 
     model = load_model(model_dir)
     mb = collate(table, list(range(table.num_rows)))

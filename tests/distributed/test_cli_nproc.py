@@ -10,7 +10,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from arlctl.rl.checkpoint import list_checkpoints, read_state
+from arlctl.io.ledger import list_checkpoints, read_state
 from tests.distributed.common import REPO, make_uneven_batches, small_init_model
 
 pytestmark = pytest.mark.distributed

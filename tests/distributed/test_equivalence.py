@@ -12,8 +12,9 @@ import json
 
 import pytest
 
-from arlctl.rl.checkpoint import latest_checkpoint
-from arlctl.stages.train import TrainConfig, train
+from arlctl.io.ledger import latest_checkpoint
+from arlctl.rl.config import TrainConfig
+from arlctl.stages.train import train
 from tests.distributed.common import make_uneven_batches, max_diff, small_init_model, torchrun, weights
 
 pytestmark = pytest.mark.distributed

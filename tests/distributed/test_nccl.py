@@ -14,8 +14,9 @@ import sys
 import pytest
 import torch
 
-from arlctl.rl.checkpoint import latest_checkpoint
-from arlctl.stages.train import TrainConfig, train
+from arlctl.io.ledger import latest_checkpoint
+from arlctl.rl.config import TrainConfig
+from arlctl.stages.train import train
 from tests.distributed.common import REPO, make_uneven_batches, max_diff, small_init_model, weights
 
 pytestmark = [pytest.mark.distributed,

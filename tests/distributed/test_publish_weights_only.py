@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from arlctl.audit import audit_run
-from arlctl.rl.checkpoint import list_checkpoints, read_state
+from arlctl.io.ledger import list_checkpoints, read_state
 from arlctl.runstate import trainer_progress
 from arlctl.supervisor import Supervisor, parse_recipe, run
 from tests.chaos.test_chaos import Chaos, chaos_recipe

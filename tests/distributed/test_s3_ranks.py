@@ -9,8 +9,9 @@ import fsspec
 import pytest
 from safetensors.torch import load_file
 
-from arlctl.rl.checkpoint import latest_checkpoint, read_state
-from arlctl.stages.train import TrainConfig, train
+from arlctl.io.ledger import latest_checkpoint, read_state
+from arlctl.rl.config import TrainConfig
+from arlctl.stages.train import train
 from tests.distributed.common import make_uneven_batches, max_diff, small_init_model, torchrun, weights
 
 pytestmark = pytest.mark.distributed

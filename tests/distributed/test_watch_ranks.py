@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from arlctl.io.ledger import latest_checkpoint, list_checkpoints, read_state
 from arlctl.io.shards import scan
-from arlctl.rl.checkpoint import latest_checkpoint, list_checkpoints, read_state
-from arlctl.stages.train import TrainConfig, train
+from arlctl.rl.config import TrainConfig
+from arlctl.stages.train import train
 from tests.distributed.common import REPO, make_uneven_batches, max_diff, small_init_model, weights
 
 pytestmark = pytest.mark.distributed

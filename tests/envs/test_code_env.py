@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from arlctl.envs.base import Action, Env, ToolCall
+from arlctl.envs.base import Action, Env
 from arlctl.envs.code import (
     PYTHON_TOOL,
     SYSTEM_PROMPT,
@@ -40,6 +40,7 @@ from arlctl.envs.code_grader import (
 from arlctl.envs.code_oracle import solution
 from arlctl.errors import TerminalError, UsageError
 from arlctl.sandbox.bwrap import bwrap_available
+from arlctl.tools.calls import ToolCall
 
 needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not installed")
 

@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from arlctl.envs.base import Action, Env, ParseError, ToolCall
+from arlctl.envs.base import Action, Env
 from arlctl.envs.math import CALCULATOR_TOOL, NUDGE, SYSTEM_PROMPT, MathEnv, score
 from arlctl.envs.math_gen import generate_task
 from arlctl.errors import TerminalError, UsageError
+from arlctl.tools.calls import ParseError, ToolCall
 
 TASK = {"task_id": "t1", "env": "math", "question": "What is (3 + 2) * 3?", "answer": "15"}
 

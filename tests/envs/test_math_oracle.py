@@ -18,8 +18,9 @@ from arlctl.errors import TerminalError, UsageError
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.models import smollm2_tokenizer
 from arlctl.schemas.rows import rows_to_table
+from arlctl.stages.agent_loop import RolloutConfig, Stats
 from arlctl.stages.reward import reward_dir
-from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+from arlctl.stages.rollout import rollout
 
 MUL = [{"task_id": "mul-0", "env": "math", "question": "What is 347 * 829?", "answer": "287663"},
        {"task_id": "mul-1", "env": "math", "question": "Compute 905 * 118.", "answer": "106790"}]

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from arlctl.cli.main import app
 from arlctl.envs import reasoning_gym as rg_env
-from arlctl.envs.base import Action, ToolCall
+from arlctl.envs.base import Action
 from arlctl.envs.reasoning_gym import DatasetKey, extract_answer, reference_entry, score, split_counts
 from arlctl.envs.reasoning_gym_oracle import load_scripted
 from arlctl.envs.registry import get_reward, make_env
@@ -27,6 +27,7 @@ from arlctl.errors import TerminalError, UsageError
 from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.io.shards import Lineage, read_shard, write_shard
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
+from arlctl.tools.calls import ToolCall
 
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 # Five datasets from four families; ransom_note iterates over a set of strings (hash order) and

@@ -27,7 +27,7 @@ from arlctl.envs.textarena_oracle import hanoi_moves, load_textarena_oracle, scr
 from arlctl.errors import UsageError
 from arlctl.inference.chat import ChatCodec
 from arlctl.inference.loader import load_policy
-from arlctl.stages.rollout import RolloutConfig
+from arlctl.stages.agent_loop import RolloutConfig
 from tests.stages.test_rollout import RecordingEnv, rescore, run
 
 HANOI, GUESS = "textarena:TowerOfHanoi-v0", "textarena:GuessTheNumber-v0"

@@ -29,7 +29,8 @@ from arlctl.envs.registry import get_reward
 from arlctl.inference.base import Generation
 from arlctl.inference.chat import ChatCodec
 from arlctl.inference.loader import load_policy
-from arlctl.stages.rollout import RolloutConfig, rollout
+from arlctl.stages.agent_loop import RolloutConfig
+from arlctl.stages.rollout import rollout
 from arlctl.tools import parser_for_template
 
 ECHO_TOOL = {"type": "function", "function": {

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from arlctl.rl.batching import collate, plan_micro_batches
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import lr_lambda
 from arlctl.schemas.rows import TrajectoryRow, rows_to_table
-from arlctl.stages.train import TrainConfig, lr_lambda
 
 
 def test_plan_micro_batches_sorts_and_respects_the_budget():

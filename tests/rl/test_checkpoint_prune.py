@@ -6,7 +6,8 @@ import fsspec
 import pytest
 
 from arlctl.io.fs import join
-from arlctl.rl.checkpoint import STATE_FILE, list_checkpoints, prune_checkpoints
+from arlctl.io.ledger import STATE_FILE, list_checkpoints
+from arlctl.rl.checkpoint import prune_checkpoints
 
 
 def _make(fs: fsspec.AbstractFileSystem, root: str, step: int, complete: bool = True) -> None:

@@ -19,8 +19,10 @@ import pytest
 import torch
 
 from arlctl.models import tiny_model_dir
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import load_model
 from arlctl.schemas.rows import TrajectoryRow, rows_to_table
-from arlctl.stages.train import TrainConfig, forward_backward, load_model
+from arlctl.stages.train import forward_backward
 
 pytestmark = pytest.mark.slow  # importing TRL alone takes ~30 s on these shared cores
 

@@ -595,7 +595,8 @@ def test_a_rollout_records_a_hostile_snapshot_as_env_error(bwrap_kind, tmp_path,
     pytest.importorskip("transformers")
     from arlctl.envs.swe.env import SweEnvFactory
     from arlctl.envs.swe.oracle import OraclePolicy
-    from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+    from arlctl.stages.agent_loop import RolloutConfig, Stats
+    from arlctl.stages.rollout import rollout
 
     home, base = snapshot_home
     token = f"TOKEN{uuid.uuid4().hex}"

@@ -265,7 +265,8 @@ def test_engine_dying_mid_trajectory_is_env_error_never_graded(
     from arlctl.envs.swe.env import SweEnv
     from arlctl.envs.swe.tasks import load_suite_task
     from arlctl.inference.scripted import ScriptedPolicy
-    from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+    from arlctl.stages.agent_loop import RolloutConfig, Stats
+    from arlctl.stages.rollout import rollout
 
     monkeypatch.setenv("ARLCTL_HOME", str(tmp_path / "home"))
     engine_b.start()
@@ -349,7 +350,8 @@ def test_rows_name_the_engine_and_container_each_trajectory_ran_on(
     from arlctl.inference.scripted import ScriptedPolicy
     from arlctl.io.shards import Lineage, read_shard, shard_name, write_shard
     from arlctl.schemas.rows import rows_to_table
-    from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+    from arlctl.stages.agent_loop import RolloutConfig, Stats
+    from arlctl.stages.rollout import rollout
 
     monkeypatch.setenv("ARLCTL_HOME", str(tmp_path / "home"))
 

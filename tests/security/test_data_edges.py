@@ -35,7 +35,7 @@ from arlctl.io.shards import (
 )
 from arlctl.schemas.rows import TrajectoryRow, Turn
 from arlctl.schemas.trajectory import SCHEMA_METADATA, TRAJECTORY_SCHEMA
-from arlctl.stages.filter import FilterConfig
+from arlctl.stages.configs import FilterConfig
 from arlctl.synthetic import synthetic_table
 
 runner = CliRunner()

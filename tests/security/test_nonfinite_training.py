@@ -22,10 +22,11 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
+from arlctl.io import ledger
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard, write_table_atomic
 from arlctl.models import tiny_model_dir
-from arlctl.rl import checkpoint as ckpt
 from arlctl.rl.batching import batch_columns, collate, nonfinite_rows, score_tokens
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.losses import (
     LossConfig,
     aggregate_loss,
@@ -35,8 +36,10 @@ from arlctl.rl.losses import (
     ppo_clip_loss,
     truncated_is_weights,
 )
-from arlctl.stages.filter import FilterConfig, run_filter
-from arlctl.stages.train import TrainConfig, forward_backward, load_model
+from arlctl.rl.trainer_state import load_model
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import run_filter
+from arlctl.stages.train import forward_backward
 from arlctl.synthetic import synthetic_table
 
 LN = math.log
@@ -224,11 +227,11 @@ def test_cli_train_drops_rows_with_nan_or_minus_inf_trained_logprobs_and_stays_f
     assert warnings[0].startswith("warning: step 1: dropped 1 of 4 rows with a bad value (row 0:") and "nan" in warnings[0]
     assert warnings[1].startswith("warning: step 2: dropped 1 of 4 rows with a bad value (row 1:") and "-inf" in warnings[1]
 
-    step, location = ckpt.latest_checkpoint(run / "checkpoints")
+    step, location = ledger.latest_checkpoint(run / "checkpoints")
     trained = weights_of(location)
     assert all_finite(trained)
     assert any(not torch.equal(trained[k], initial_weights()[k]) for k in trained), "the good rows still train"
-    state = ckpt.read_state(location)
+    state = ledger.read_state(location)
     assert state["bad_values"]["rows_dropped"] == 2 and state["bad_values"]["steps_skipped"] == 0
     assert [e["batch"] for e in state["bad_values"]["events"]] == [Path(first).name, Path(second).name]
     rows = pq.read_table(run / "metrics" / "train-step-000002.parquet").to_pylist()
@@ -287,7 +290,7 @@ def test_a_gradient_that_overflows_skips_the_step_and_keeps_the_weights(tmp_path
     assert all(torch.equal(skipped[k], initial_weights()[k]) for k in skipped), "a skipped step changes nothing"
     trained = weights_of(run / "checkpoints" / "step-000002")
     assert all_finite(trained) and any(not torch.equal(trained[k], skipped[k]) for k in trained)
-    state = ckpt.read_state(run / "checkpoints" / "step-000002")
+    state = ledger.read_state(run / "checkpoints" / "step-000002")
     assert state["consumed_batches"] == [Path(poisoned).name, Path(good).name]  # consumed: never retried
     assert state["bad_values"]["steps_skipped"] == 1 and state["bad_values"]["events"][0]["skipped"]
     row = pq.read_table(run / "metrics" / "train-step-000001.parquet").to_pylist()[0]
@@ -312,10 +315,10 @@ def test_a_batch_with_no_finite_row_is_skipped_not_crash_looped(tmp_path):
     summary = summary_of(res)
     assert summary["skipped_nonfinite"] == 1 and summary["rows_dropped_invalid"] == 4
     assert "no row left to train on" in res.stderr
-    _, location = ckpt.latest_checkpoint(run / "checkpoints")
+    _, location = ledger.latest_checkpoint(run / "checkpoints")
     kept = weights_of(location)
     assert all(torch.equal(kept[k], initial_weights()[k]) for k in kept)
-    assert ckpt.read_state(location)["consumed_batches"] == [Path(url).name]
+    assert ledger.read_state(location)["consumed_batches"] == [Path(url).name]
     assert summary_of(train_cli(run))["steps"] == 0
 
 
@@ -333,7 +336,7 @@ def test_rows_the_model_cannot_read_are_dropped_not_crash_looped(tmp_path):
     assert res.exit_code == 0, res.output
     summary = summary_of(res)
     assert summary["rows_dropped_invalid"] == 2 and summary["skipped_nonfinite"] == 0 and summary["steps"] == 1
-    assert all_finite(weights_of(ckpt.latest_checkpoint(run / "checkpoints")[1]))
+    assert all_finite(weights_of(ledger.latest_checkpoint(run / "checkpoints")[1]))
 
 
 @pytest.mark.parametrize("option, value", [("--lr", "inf"), ("--lr", "nan"), ("--grad-clip", "nan"),
@@ -353,7 +356,7 @@ def test_the_trainer_refuses_to_save_non_finite_weights(tmp_path):
     for full in (True, False):
         with pytest.raises(Exception, match="refusing to save step-000001: weight .* 1 NaN"):
             trainer.save(str(tmp_path / "c"), {"step": 1, "consumed_batches": []}, full=full)
-    assert ckpt.latest_checkpoint(tmp_path / "c") is None and not (tmp_path / "c").exists()  # refused up front
+    assert ledger.latest_checkpoint(tmp_path / "c") is None and not (tmp_path / "c").exists()  # refused up front
 
 
 # ----------------------------------------------------------------------------------------------- sync
@@ -378,7 +381,7 @@ def test_sync_refuses_to_publish_non_finite_weights(tmp_path, how):
     make_run(run, 2)
     assert train_cli(run, "--max-steps", "1").exit_code == 0
     assert cli("sync", "--run", run).exit_code == 0
-    assert ckpt.read_latest(run / "policy") == "v000001"
+    assert ledger.read_latest(run / "policy") == "v000001"
     assert train_cli(run).exit_code == 0
     tensor = poison(run / "checkpoints" / "step-000002", how)
 
@@ -388,7 +391,7 @@ def test_sync_refuses_to_publish_non_finite_weights(tmp_path, how):
         line = res.output.splitlines()[0]
         assert "refusing to publish" in line and "step-000002" in line and f"tensor {tensor} " in line
         assert ("NaN" if how == "nan" else "1 inf") in line, line
-    assert ckpt.read_latest(run / "policy") == "v000001", "LATEST still names the last good version"
+    assert ledger.read_latest(run / "policy") == "v000001", "LATEST still names the last good version"
     assert sorted(p.name for p in (run / "policy").iterdir() if p.name != "_locks") == ["LATEST", "v000001"]
 
 
@@ -409,7 +412,7 @@ def test_sync_from_an_object_store_checks_the_weights_too(s3_bucket, tmp_path):
 
     res = cli("sync", "--ckpt", ckpts, "--policy-dir", policy)
     assert res.exit_code == 1 and f"tensor {tensor} " in res.output.splitlines()[0], res.output
-    assert ckpt.read_latest(policy) is None and ckpt.latest_checkpoint(ckpts)[0] == 3
+    assert ledger.read_latest(policy) is None and ledger.latest_checkpoint(ckpts)[0] == 3
     fs.invalidate_cache()
     assert not fs.exists(f"{policy.removeprefix('s3://')}/v000003/version.json")
 
@@ -422,4 +425,4 @@ def test_train_refuses_to_resume_from_non_finite_weights(tmp_path):
     tensor = poison(run / "checkpoints" / "step-000001", "nan")
     res = train_cli(run)
     assert res.exit_code == 1 and f"weight {tensor} holds" in res.output and "step-000001" in res.output, res.output
-    assert [s for s, _ in ckpt.list_checkpoints(run / "checkpoints")] == [1]
+    assert [s for s, _ in ledger.list_checkpoints(run / "checkpoints")] == [1]

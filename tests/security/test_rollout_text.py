@@ -31,7 +31,9 @@ from arlctl.inference.chat import ChatCodec
 from arlctl.inference.loader import load_policy
 from arlctl.io.shards import Lineage, list_shards, read_shard
 from arlctl.io.sink import GroupShardWriter
-from arlctl.stages.rollout import RolloutConfig, Stats, parquet_safe, rollout
+from arlctl.schemas.safe_text import parquet_safe
+from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.rollout import rollout
 
 runner = CliRunner()
 REPLACEMENT = "\ufffd"

@@ -13,9 +13,9 @@ import pytest
 from serve_helpers import Server
 
 from arlctl.errors import TransientError
-from arlctl.inference.base import SamplingParams
-from arlctl.inference.openai import OpenAIPolicy, StickyRouter, prefix_hashes, route_key
-from arlctl.inference.openai import Server as Endpoint
+from arlctl.inference.base import SamplingParams, route_key
+from arlctl.inference.fleet import Server as Endpoint
+from arlctl.inference.openai import OpenAIPolicy, StickyRouter, prefix_hashes
 from arlctl.models import tiny_model_dir
 
 

@@ -18,7 +18,8 @@ import pytest
 
 from arlctl.envs.base import Action, EnvReset, StepResult
 from arlctl.inference.loader import load_policy
-from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.rollout import rollout
 
 TOOLS = [{"type": "function", "function": {"name": "noop", "description": "Does nothing.",
                                            "parameters": {"type": "object", "properties": {}}}}]

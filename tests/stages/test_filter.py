@@ -12,9 +12,11 @@ from typer.testing import CliRunner
 
 import arlctl.stages.filter as filt
 from arlctl.cli.filter import register
+from arlctl.errors import CorruptShardError, UsageError
 from arlctl.io.shards import Lineage, read_lineage, read_shard, scan, write_shard
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
-from arlctl.stages.filter import FilterConfig, apply_rules, plan_invocation, run_filter
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import apply_rules, plan_invocation, run_filter
 from arlctl.synthetic import synthetic_table
 
 
@@ -103,7 +105,7 @@ def test_where_predicate_and_fallout_of_small_groups():
     groups, res = kept_groups(table, FilterConfig(where="num_tool_calls > 0"))
     # b's second row fails the predicate; its first row would be alone, so the group goes: 2 under "where"
     assert groups == {"a"} and res.counts["where"] == 2
-    with pytest.raises(filt.UsageError, match="--where"):
+    with pytest.raises(UsageError, match="--where"):
         apply_rules(table, FilterConfig(where="no_such_column > 1"), 0)
 
 
@@ -232,7 +234,7 @@ def test_corrupt_input_fails_or_is_quarantined(tmp_path):
     inp, out = tmp_path / "in", str(tmp_path / "batches")
     write_shard(synthetic_table(4, seed=7), str(inp / "a.parquet"), Lineage("reward"))
     (inp / "b.parquet").write_bytes(b"PAR1 this is not parquet")
-    with pytest.raises(filt.CorruptShardError, match="b.parquet"):
+    with pytest.raises(CorruptShardError, match="b.parquet"):
         run_filter(str(inp), out, FilterConfig(), 0)
     summary = run_filter(str(inp), out, FilterConfig(), 0, quarantine_bad=True)
     assert summary["quarantined"] == ["b.parquet"] and summary["inputs"] == ["a.parquet"]

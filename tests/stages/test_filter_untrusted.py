@@ -13,7 +13,8 @@ from arlctl.audit import NAMED_RULES
 from arlctl.cli.filter import register
 from arlctl.io.shards import Lineage, write_shard
 from arlctl.schemas.rows import TrajectoryRow, rows_to_table
-from arlctl.stages.filter import RULES, FilterConfig, apply_rules
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import RULES, apply_rules
 
 SWE_PROBE = {"mode": "probe", "trusted": True, "apply_ok": True}
 SWE_INPROCESS = {"mode": "inprocess", "trusted": False, "records_authentic": True,

@@ -15,11 +15,14 @@ from arlctl.envs.registry import Reward, get_reward
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.models import tiny_model_dir
 from arlctl.rl.batching import trajectory_shares
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import load_model
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 from arlctl.schemas.values import find_bad_values
-from arlctl.stages.filter import FilterConfig, apply_rules, run_filter
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import apply_rules, run_filter
 from arlctl.stages.reward import reward_dir, reward_table
-from arlctl.stages.train import TrainConfig, forward_backward, load_model, train
+from arlctl.stages.train import forward_backward, train
 from arlctl.synthetic import split_per_turn, synthetic_rows
 from arlctl.turn_rows import is_turn_row, row_key, trajectories
 

@@ -16,7 +16,8 @@ from arlctl.inference.chat import ChatCodec
 from arlctl.inference.loader import load_policy
 from arlctl.models import tiny_model_dir
 from arlctl.schemas.rows import rows_to_table
-from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.rollout import rollout
 
 
 @pytest.fixture(scope="module")

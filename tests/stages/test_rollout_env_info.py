@@ -17,7 +17,8 @@ from arlctl.envs.base import EnvFailure, EnvReset, StepResult, as_env, env_info
 from arlctl.envs.registry import make_env
 from arlctl.inference.loader import load_policy
 from arlctl.schemas.rows import rows_to_table
-from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.rollout import rollout
 
 TASK = {"task_id": "t1", "question": "What is 2 + 3?", "answer": "5", "prompt": "Say hi."}
 

@@ -18,10 +18,12 @@ from typer.testing import CliRunner
 
 from arlctl.cli.main import app
 from arlctl.inference.loader import latest_version, latest_version_dir, remote_cache_dir, resolve_policy
+from arlctl.io import ledger
+from arlctl.io.ledger import list_versions
 from arlctl.io.shards import list_shards, read_shard, scan
 from arlctl.models import tiny_model_dir
 from arlctl.rl import checkpoint as ckpt
-from arlctl.stages.sync import list_versions, sync
+from arlctl.stages.sync import sync
 
 runner = CliRunner()
 
@@ -60,7 +62,7 @@ def test_sync_between_s3_dirs_and_loader_cache(s3_bucket):
     ckpts, policy = f"{s3_bucket}/run/checkpoints", f"{s3_bucket}/run/policy"
     upload_fake_checkpoint(ckpts, 1)
     upload_fake_checkpoint(ckpts, 2, complete=False)  # no state.json: an upload in progress
-    assert [s for s, _ in ckpt.list_checkpoints(ckpts)] == [1]
+    assert [s for s, _ in ledger.list_checkpoints(ckpts)] == [1]
     assert latest_version(policy) is None
 
     summary = sync(ckpts, policy)
@@ -135,8 +137,8 @@ def test_loop_on_s3(s3_bucket):
     assert rest["resumed_from"] == 1 and rest["steps"] == len(batches) - 1 and rest["batches"] == batches[1:]
     again = arlctl("train", "--run", run, "--policy", "tiny")
     assert again["steps"] == 0 and again["batches"] == []
-    step, newest = ckpt.latest_checkpoint(f"{run}/checkpoints")
-    state = ckpt.read_state(newest)
+    step, newest = ledger.latest_checkpoint(f"{run}/checkpoints")
+    state = ledger.read_state(newest)
     assert step == len(batches) and state["consumed_batches"] == batches
     assert sorted(state["files"]) == [k for k in keys(newest) if k != "state.json"]  # the manifest is whole
     assert arlctl("sync", "--run", run, "--keep", "1")["removed"] == ["v000001"]
@@ -162,7 +164,8 @@ def test_train_resume_from_s3_is_bit_exact(s3_bucket, tmp_path):
     from safetensors.torch import load_file
     from test_train import CFG, Crash, make_batches  # the train tests' own batch builder (same directory)
 
-    from arlctl.stages.train import TrainConfig, train
+    from arlctl.rl.config import TrainConfig
+    from arlctl.stages.train import train
 
     batches = make_batches(tmp_path, 4)
     policy = str(tiny_model_dir())
@@ -175,12 +178,12 @@ def test_train_resume_from_s3_is_bit_exact(s3_bucket, tmp_path):
 
     with pytest.raises(Crash):
         train(batches, policy, out, TrainConfig(**CFG), on_step=crash)
-    assert [s for s, _ in ckpt.list_checkpoints(out)] == [2]
+    assert [s for s, _ in ledger.list_checkpoints(out)] == [2]
     resumed = train(batches, policy, out, TrainConfig(**CFG))
     assert resumed["resumed_from"] == 2 and resumed["steps"] == straight["steps"] - 2
 
     a = load_file(str(tmp_path / "straight" / "step-000004" / "model.safetensors"))
-    with ckpt.local_copy(ckpt.latest_checkpoint(out)[1]) as local:
+    with ckpt.local_copy(ledger.latest_checkpoint(out)[1]) as local:
         b = load_file(str(local / "model.safetensors"))
-        assert ckpt.read_state(local)["consumed_batches"] == [u.rsplit("/", 1)[1] for u in scan(batches).shards]
+        assert ledger.read_state(local)["consumed_batches"] == [u.rsplit("/", 1)[1] for u in scan(batches).shards]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resume from S3 must be bit-exact"

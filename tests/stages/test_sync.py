@@ -11,10 +11,11 @@ import typer
 from typer.testing import CliRunner
 
 from arlctl.cli.sync import register
+from arlctl.io.ledger import list_versions, read_latest
 from arlctl.models import tiny_model_dir
-from arlctl.rl.checkpoint import read_latest, resolve_policy_path
+from arlctl.rl.checkpoint import resolve_policy_path
 from arlctl.stages.filter import current_policy_version
-from arlctl.stages.sync import list_versions, sync
+from arlctl.stages.sync import sync
 
 
 def fake_checkpoint(ckpt_dir: Path, step: int, complete: bool = True) -> Path:

@@ -14,12 +14,15 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from arlctl.cli.train import register
+from arlctl.io.ledger import latest_checkpoint, list_checkpoints, read_state
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.models import tiny_model_dir
 from arlctl.rl.batching import collate, score_tokens
-from arlctl.rl.checkpoint import latest_checkpoint, list_checkpoints, read_state
-from arlctl.stages.filter import FilterConfig, run_filter
-from arlctl.stages.train import TrainConfig, forward_backward, load_model, train
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import load_model
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import run_filter
+from arlctl.stages.train import forward_backward, train
 from arlctl.synthetic import synthetic_table
 
 

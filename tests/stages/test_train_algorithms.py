@@ -21,11 +21,13 @@ from inprocess import arlctl
 from safetensors.torch import load_file
 
 from arlctl.errors import TerminalError, UsageError
+from arlctl.io.ledger import latest_checkpoint
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.models import tiny_model_dir
-from arlctl.rl.checkpoint import latest_checkpoint
-from arlctl.stages.filter import FilterConfig, run_filter
-from arlctl.stages.train import TrainConfig, train
+from arlctl.rl.config import TrainConfig
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import run_filter
+from arlctl.stages.train import train
 from arlctl.synthetic import synthetic_table
 from tests.stages.test_train import on_policy, set_column
 
@@ -217,7 +219,7 @@ def test_distillation_baseline_is_the_batch_mean_gap(tmp_path):
     from arlctl.rl import distributed as dd
     from arlctl.rl.batching import batch_columns, collate, score_tokens
     from arlctl.rl.estimators import distill_columns
-    from arlctl.stages.train import load_model
+    from arlctl.rl.trainer_state import load_model
 
     batch = read_shard(scan(filtered(tmp_path, "distill")).shards[0])
     teacher = load_model(tiny_model_dir())

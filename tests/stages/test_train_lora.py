@@ -14,13 +14,14 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
+from arlctl.io.ledger import latest_checkpoint, read_state
 from arlctl.io.shards import list_shards, read_shard
 from arlctl.models import tiny_model_dir
 from arlctl.rl import distributed as dd
-from arlctl.rl.checkpoint import latest_checkpoint, read_state
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.trainer_state import TrainerState
 from arlctl.stages.sync import sync
-from arlctl.stages.train import TrainConfig, train
+from arlctl.stages.train import train
 from tests.stages.test_train import make_batches
 
 LORA = dict(lora_rank=4, lora_alpha=8.0, lora_targets="q_proj,v_proj", lr=1e-2, kl_coef=0.1, device="cpu")
@@ -109,7 +110,7 @@ def test_lora_resume_gives_the_weights_of_a_straight_run(trained, tmp_path):
 def test_publish_format_adapter_writes_a_peft_directory_that_sync_publishes(trained, tmp_path):
     from peft import PeftModel
 
-    from arlctl.stages.train import load_model
+    from arlctl.rl.trainer_state import load_model
 
     _, batches, out, _ = trained
     adapter_out, policy = tmp_path / "ckpt", tmp_path / "policy"

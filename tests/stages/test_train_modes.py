@@ -10,14 +10,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from arlctl.io.ledger import latest_checkpoint, list_checkpoints, read_state
 from arlctl.io.shards import scan
 from arlctl.models import tiny_model_dir
 from arlctl.rl import distributed as dd
-from arlctl.rl.checkpoint import latest_checkpoint, list_checkpoints, read_state
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.trainer_state import TrainerState
 from arlctl.runstate import trainer_progress
 from arlctl.stages import train as stage
-from arlctl.stages.train import TrainConfig, train
+from arlctl.stages.train import train
 from tests.stages.test_train import make_batches
 
 BASE = dict(lr=1e-3, device="cpu")

@@ -15,11 +15,13 @@ import pytest
 import torch
 
 from arlctl.errors import TerminalError, UsageError
+from arlctl.io.ledger import latest_checkpoint
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.models import tiny_model_dir
-from arlctl.rl.checkpoint import latest_checkpoint
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.losses import LossConfig, sft_loss
-from arlctl.stages.train import TrainConfig, forward_backward, load_model, train
+from arlctl.rl.trainer_state import load_model
+from arlctl.stages.train import forward_backward, train
 from tests.stages.test_train import make_batches, set_column
 
 

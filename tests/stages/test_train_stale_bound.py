@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from arlctl.cli.main import app
 from arlctl.errors import UsageError
-from arlctl.rl.checkpoint import latest_checkpoint, read_state
-from arlctl.stages.train import TrainConfig
+from arlctl.io.ledger import latest_checkpoint, read_state
+from arlctl.rl.config import TrainConfig
 from tests.stages.test_train_staleness import VERSIONS, at_step_3, start  # noqa: F401 (at_step_3: a fixture)
 
 

@@ -20,11 +20,13 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
+from arlctl.io.ledger import latest_checkpoint, read_state
 from arlctl.io.shards import Lineage, write_shard
 from arlctl.models import tiny_model_dir
 from arlctl.rl.batching import row_lags
-from arlctl.rl.checkpoint import latest_checkpoint, read_state
-from arlctl.stages.train import TrainConfig, apply_staleness, forward_backward, load_model, train
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import load_model
+from arlctl.stages.train import apply_staleness, forward_backward, train
 from arlctl.synthetic import synthetic_table
 from tests.stages.test_train import make_batches, on_policy, set_column
 

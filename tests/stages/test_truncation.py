@@ -13,7 +13,8 @@ from arlctl.envs.base import Action, EnvReset, StepResult
 from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.schemas.rows import rows_to_table
 from arlctl.schemas.trajectory import validate
-from arlctl.stages.rollout import RolloutConfig, rollout
+from arlctl.stages.agent_loop import RolloutConfig
+from arlctl.stages.rollout import rollout
 
 LONG = " word" * 40  # 40 tokens: longer than every --max-new-tokens below
 SHORT = " ok"

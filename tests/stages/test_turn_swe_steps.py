@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from arlctl.envs.base import Action, ToolCall
+from arlctl.envs.base import Action
 from arlctl.envs.swe.env import SweEnv, pytest_share
 from arlctl.envs.swe.tasks import load_suite_task
 from arlctl.sandbox.bwrap import bwrap_available
+from arlctl.tools.calls import ToolCall
 
 TASK = "stockroom-001"  # visible suite: tests/test_inventory.py, 3 tests, all passing on the buggy snapshot
 BREAK_REMOVE = {"path": "stockroom/inventory.py", "old": "item.quantity -= count", "new": "item.quantity -= count + 1"}

@@ -10,7 +10,8 @@ import pytest
 from arlctl.envs import toy
 from arlctl.envs.base import Action
 from arlctl.envs.registry import env_factory, get_reward, make_env
-from arlctl.stages.rollout import RolloutConfig, rollout
+from arlctl.stages.agent_loop import RolloutConfig
+from arlctl.stages.rollout import rollout
 
 
 def play(*replies: str):

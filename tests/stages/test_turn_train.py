@@ -9,14 +9,17 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 
+from arlctl.io.ledger import latest_checkpoint
 from arlctl.io.shards import Lineage, read_shard, scan, write_shard
 from arlctl.models import tiny_model_dir
 from arlctl.rl.batching import collate, score_tokens
-from arlctl.rl.checkpoint import latest_checkpoint
+from arlctl.rl.config import TrainConfig
+from arlctl.rl.trainer_state import load_model
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 from arlctl.schemas.trajectory import SCHEMAS, set_turn_advantages
-from arlctl.stages.filter import FilterConfig, run_filter
-from arlctl.stages.train import TrainConfig, load_model, train, train_step
+from arlctl.stages.configs import FilterConfig
+from arlctl.stages.filter import run_filter
+from arlctl.stages.train import train, train_step
 
 
 def two_turn_row(sample: int, reward: float, advantage: float = 0.0) -> TrajectoryRow:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from swe_helpers import run
 
-from arlctl.envs.base import Action, ToolCall
+from arlctl.envs.base import Action
 from arlctl.envs.registry import make_env
 from arlctl.envs.swe.env import SweEnv
 from arlctl.envs.swe.tasks import load_suite_task
 from arlctl.errors import UsageError
+from arlctl.tools.calls import ToolCall
 
 TASK = "stockroom-001"
 

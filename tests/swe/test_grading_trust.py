@@ -30,12 +30,13 @@ from test_reward_hacking import (
     REWRITE_HIDDEN,
 )
 
-from arlctl.envs.base import Action, ToolCall
+from arlctl.envs.base import Action
 from arlctl.envs.swe.diffs import filter_diff
 from arlctl.envs.swe.env import SweEnv
 from arlctl.envs.swe.grader import grade, grading_mode
 from arlctl.envs.swe.scan import scan_diff, scan_source
 from arlctl.envs.swe.tasks import builtin_swe, load_suite_task, prepare_snapshot
+from arlctl.tools.calls import ToolCall
 
 TASK_ID = "stockroom-001"
 INIT = "stockroom/__init__.py"

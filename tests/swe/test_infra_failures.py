@@ -132,7 +132,8 @@ class _KilledMidEpisode:
 def _oracle_rollout(tokenizer, env_factory, **options):
     """The real rollout stage on stockroom-001 with the oracle policy (its gold fix, as tool calls)."""
     from arlctl.envs.swe.oracle import OraclePolicy
-    from arlctl.stages.rollout import RolloutConfig, rollout
+    from arlctl.stages.agent_loop import RolloutConfig
+    from arlctl.stages.rollout import rollout
 
     cfg = RolloutConfig(env="swe", group_size=1, concurrency=1, max_turns=6, max_new_tokens=256, **options)
     rows: list = []
@@ -148,7 +149,8 @@ def _oracle_rollout(tokenizer, env_factory, **options):
 
 def test_a_sandbox_killed_mid_episode_is_env_error_and_filter_drops_it(tokenizer, bwrap_grader):
     """Not a tool error shown to the model, not a graded empty diff: the row is env_error, then dropped."""
-    from arlctl.stages.filter import FilterConfig, apply_rules
+    from arlctl.stages.configs import FilterConfig
+    from arlctl.stages.filter import apply_rules
 
     stats, rows = _oracle_rollout(tokenizer, _KilledMidEpisode)
     [row] = rows

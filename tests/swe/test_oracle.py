@@ -93,7 +93,8 @@ def test_every_turn_fits_the_default_budget(tokenizer):
 
 
 def _rollout(task_ids: list[str], tokenizer) -> list:
-    from arlctl.stages.rollout import RolloutConfig, rollout
+    from arlctl.stages.agent_loop import RolloutConfig
+    from arlctl.stages.rollout import rollout
 
     tasks = [load_suite_task(i) for i in task_ids]
     policy = OraclePolicy(tokenizer)

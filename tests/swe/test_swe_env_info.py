@@ -16,7 +16,8 @@ from arlctl.envs.swe.tasks import load_suite_task, prepare_snapshot
 from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.io.shards import Lineage, read_shard, shard_name, write_shard
 from arlctl.schemas.rows import rows_to_table
-from arlctl.stages.rollout import RolloutConfig, Stats, rollout
+from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.rollout import rollout
 
 TASK = "stockroom-001"
 

@@ -10,8 +10,8 @@ import re
 import pytest
 from tool_schemas import TOOLS
 
-from arlctl.envs.base import ToolCall
 from arlctl.tools import PARSERS, TOOL_CALL_FORMATS, parse_tool_calls, parser_for_template
+from arlctl.tools.calls import ToolCall
 from arlctl.tools.hermes import parse_hermes
 from arlctl.tools.llama3_json import parse_llama3_json
 from arlctl.tools.mistral import mistral_call_id, parse_mistral

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from arlctl.envs.base import ParseError, ToolCall
 from arlctl.envs.math import CALCULATOR_TOOL
+from arlctl.tools.calls import ParseError, ToolCall
 from arlctl.tools.hermes import parse_hermes
 from arlctl.tools.render import (
     assistant_tool_calls,

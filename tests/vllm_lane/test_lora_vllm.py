@@ -21,9 +21,11 @@ pytest.importorskip("vllm.engine.arg_utils", reason="the vllm lane needs .venv-v
 
 def test_lora_merged_policy_rolls_out_with_vllm(model_dir, tmp_path):
     from arlctl.io.shards import Lineage, list_shards, read_shard, write_shard
-    from arlctl.stages.filter import FilterConfig, pack_batches
+    from arlctl.rl.config import TrainConfig
+    from arlctl.stages.configs import FilterConfig
+    from arlctl.stages.filter import pack_batches
     from arlctl.stages.sync import sync
-    from arlctl.stages.train import TrainConfig, train
+    from arlctl.stages.train import train
     from arlctl.synthetic import synthetic_table
 
     table = synthetic_table(2, group_size=2, seed=0, mean_turns=1, tokens_per_turn=12)

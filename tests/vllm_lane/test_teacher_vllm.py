@@ -19,9 +19,10 @@ from transformers import AutoModelForCausalLM
 
 from arlctl.io.shards import Lineage, write_shard
 from arlctl.rl.batching import collate, score_tokens
+from arlctl.rl.config import TrainConfig
 from arlctl.rl.distill import distill_advantages
 from arlctl.rl.teacher import EngineTeacher
-from arlctl.stages.train import TrainConfig, train
+from arlctl.stages.train import train
 from arlctl.synthetic import synthetic_table
 
 pytestmark = pytest.mark.vllm

@@ -33,13 +33,14 @@ import secrets
 import shlex
 from typing import Any
 
-from arlctl.envs.base import Action, EnvFailure, EnvReset, StepResult, ToolCall
+from arlctl.envs.base import Action, EnvFailure, EnvReset, StepResult
 from arlctl.envs.swe.sandboxes import Lease, PoolProvider, Provider
 from arlctl.envs.swe.tasks import ENV_NAME, prepare_snapshot, sandbox_options
 from arlctl.envs.swe.tools import HANDLERS
 from arlctl.errors import TerminalError, UsageError
 from arlctl.sandbox.base import SandboxError, placement_of
 from arlctl.tools.bash_blocks import parse_bash_blocks
+from arlctl.tools.calls import ToolCall
 from arlctl.tools.hermes import parse_hermes
 from arlctl.tools.render import format_parse_error, format_tool_result
 
