@@ -16,7 +16,8 @@ Definitions (the rollout daemon's backpressure uses the same numbers, see README
                `batch_shards` (batch shards waiting for the trainer: one optimizer step each) and
                `rows_per_step` (rewarded rows the filter consumed per batch shard it wrote; None before
                its first batch): what the rollout daemon projects a new group's lag at train time from.
-  trainer_version   max(newest complete checkpoint step, version that policy/LATEST names).
+  trainer_version   max(newest complete checkpoint step, version that policy/LATEST names): arlctl/io/ledger.py
+                    `trainer_version`, the number filter measures staleness from.
   staleness    trained rows: (step - 1) - policy_version for a row trained at optimizer step `step` (the
                weights it updated had seen step - 1 batches; policy_version is the row's first, oldest
                turn). Waiting rows: trainer_version - policy_version.
@@ -163,9 +164,8 @@ def _scan(run: str, cache: ShardCache) -> dict[str, Any]:
         "rewarded": _Dir(rewarded_shards, _consumed_by_filter(rd.batches, cache)),
         "batches": _Dir(batch_shards, set(trainer["consumed_batches"])),
     }
-    versions = [v for v in (trainer["step"], policy["version"]) if v is not None]
     return {"dirs": dirs, "trainer": trainer, "policy": policy,
-            "trainer_version": max(versions) if versions else 0}
+            "trainer_version": ledger.trainer_version(rd.policy, rd.checkpoints)}
 
 
 def _rows(urls: list[str], cache: ShardCache) -> int:

@@ -91,7 +91,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from arlctl.errors import CorruptShardError, TerminalError, UsageError
+from arlctl.errors import CorruptShardError, UsageError
 from arlctl.io import ledger as run_ledger
 from arlctl.io.fs import basename, join
 from arlctl.io.shards import (
@@ -529,27 +529,6 @@ def _audit_table(ids, groups, source, outcome, part, invocation) -> pa.Table:
 MANIFEST_DIR = run_ledger.MANIFEST_DIR  # hidden from shard readers: one JSON per finished invocation
 
 
-def current_policy_version(policy_dir: str | None, ckpt_dir: str | None) -> int:
-    """The trainer's current version: the newer of policy_dir/LATEST and the newest complete checkpoint step."""
-    version = 0
-    if policy_dir:
-        published = run_ledger.latest_version(policy_dir)
-        if published is not None:
-            version = max(version, _sane_version(published, run_ledger.latest_url(policy_dir)))
-    if ckpt_dir:
-        latest = run_ledger.latest_checkpoint(ckpt_dir)
-        if latest is not None:
-            version = max(version, _sane_version(latest[0], str(latest[1])))
-    return version
-
-
-def _sane_version(version: int, where: str) -> int:
-    if version > MAX_POLICY_VERSION:
-        raise TerminalError(f"{where} names policy version {version}, beyond any real run (> 10^9)",
-                            hint="LATEST and checkpoint names are written by sync and train; check who wrote this")
-    return version
-
-
 @dataclass
 class Ledger:
     """What the output directory says was consumed, and which invocations were interrupted."""
@@ -703,6 +682,8 @@ def run_filter(in_url: str, out_url: str, cfg: FilterConfig, current_version: in
 def run(cfg: FilterConfig, io: FilterIO, stop: threading.Event | None = None) -> FilterResult:
     """The stage's entry point: one invocation against the policy version of now (it moves while a daemon
     runs). An invocation commits as one unit, so `stop` has nothing to cut inside it."""
-    now = io.current_version if io.current_version is not None else current_policy_version(io.policy_dir, io.ckpt_dir)
+    now = io.current_version
+    if now is None:
+        now = run_ledger.trainer_version(io.policy_dir or None, io.ckpt_dir or None)
     return FilterResult.from_summary(run_filter(io.in_url, io.out, cfg, now, metrics_url=io.metrics,
                                                 dry_run=io.dry_run, quarantine_bad=io.quarantine))

@@ -7,6 +7,7 @@
   shard lineage              each output shard lists the inputs it consumed: commit of the output is commit
                              of consumption
   rollout resume             the (group, sample) units the committed rollout shards of one config hash hold
+  trainer version            the newer of the version LATEST names and the newest complete checkpoint step
 
 Nobody else spells `LATEST`, `step-%06d`, `v%06d`, `state.json`, `version.json` or `_filter`; every stage,
 `status`, the supervisor and the loader ask this module. (The audit keeps its own reader on purpose: it is
@@ -26,6 +27,7 @@ from typing import Any
 from arlctl.errors import TerminalError
 from arlctl.io import store
 from arlctl.io.fs import basename, get_fs, join
+from arlctl.schemas.values import MAX_POLICY_VERSION
 
 LATEST = "LATEST"
 STATE_FILE = "state.json"  # a checkpoint's marker
@@ -300,6 +302,26 @@ def written_samples(out_url: str, config_hash: str) -> WrittenSamples:
     return found
 
 
+def trainer_version(policy_dir: str | os.PathLike | None, ckpt_dir: str | os.PathLike | None) -> int:
+    """The version the trainer is at: the newer of what policy/LATEST names and the newest complete checkpoint
+    step, 0 before either (a directory given as None is not looked at). Filter's staleness, status's waiting
+    lag and the rollout daemon's projected lag all start from this number.
+
+    A number past MAX_POLICY_VERSION is a TerminalError naming where it was read: sync and train never write
+    one (a run would need a billion optimizer steps), so something else did, and every lag measured from it
+    would be wrong."""
+    found = []
+    if policy_dir is not None and (published := latest_version(policy_dir)) is not None:
+        found.append((published, latest_url(policy_dir)))
+    if ckpt_dir is not None and (newest := latest_checkpoint(ckpt_dir)) is not None:
+        found.append((newest[0], str(newest[1])))
+    for version, where in found:
+        if version > MAX_POLICY_VERSION:
+            raise TerminalError(f"{where} names policy version {version}, beyond any real run (> 10^9)",
+                                hint="LATEST and checkpoint names are written by sync and train; check who wrote this")
+    return max((version for version, _ in found), default=0)
+
+
 def trained_batches(ckpt_dir: str | os.PathLike) -> list[str]:
     """Batch names the newest complete checkpoint has consumed (every one since step 0)."""
     latest = latest_checkpoint(ckpt_dir)
@@ -312,6 +334,7 @@ __all__ = [
     "consumed_inputs", "filter_consumed", "finished_filter_inputs", "has_latest", "latest_checkpoint",
     "latest_url", "latest_version", "list_checkpoints", "list_versions", "manifest_url", "parse_version",
     "read_filter_manifests", "read_latest", "read_latest_raw", "read_state", "read_version_info",
-    "remove_checkpoint", "remove_version", "state_saved_at", "step_dir_name", "trained_batches", "version_dir_name",
+    "remove_checkpoint", "remove_version", "state_saved_at", "step_dir_name", "trained_batches", "trainer_version",
+    "version_dir_name",
     "version_dirs", "version_location", "write_filter_manifest", "write_latest", "WrittenSamples", "written_samples",
 ]

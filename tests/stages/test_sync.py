@@ -11,10 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from arlctl.cli.sync import register
-from arlctl.io.ledger import list_versions, read_latest
+from arlctl.io.ledger import list_versions, read_latest, trainer_version
 from arlctl.models import tiny_model_dir
 from arlctl.rl.checkpoint import resolve_policy_path
-from arlctl.stages.filter import current_policy_version
 from arlctl.stages.sync import sync
 
 
@@ -47,7 +46,7 @@ def test_publish_newest_checkpoint(tmp_path):
     assert not any((version / n).exists() for n in ("optimizer.pt", "scheduler.pt", "rng.pt", "state.json"))
     assert not [p for p in policy.iterdir() if p.name.startswith(".")], "no temp dirs left behind"
     assert resolve_policy_path(str(policy)) == version
-    assert current_policy_version(str(policy), None) == 2
+    assert trainer_version(str(policy), None) == 2
 
 
 def test_sync_is_idempotent(tmp_path):
