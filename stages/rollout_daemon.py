@@ -87,7 +87,7 @@ def projected_lag(state: dict, policy_version: int) -> tuple[int, int]:
 
 
 class Backpressure:
-    """The gate before each new group in daemon mode (README "Running as daemons").
+    """The gate before each new group in daemon mode (docs/daemons.md "Running as daemons").
 
     A group of G starts only when (1) backlog + G <= max_pending, where backlog is the untrained rows of
     the run (arlctl.runstate.backlog) plus the rows this process started but has not committed, so the
