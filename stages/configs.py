@@ -144,12 +144,6 @@ class SyncConfig:
 # the CLI, and tests/cli/test_options.py fails if a command and these disagree.
 _RUNS = {"run": str, "watch": bool, "poll": float, "lock-wait": float, "json": bool, "dry-run": bool, "quiet": bool}
 COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
-    "rollout": {**_RUNS, "out": str, "env": str, "tasks": list, "env-mix": str, "chat-template-kwargs": list,
-                "max-error-frac": float, "policy": str, "backend": str, "server": list, "limit": int,
-                "top-up": bool, "max-top-up": int, "max-batch": int, "flush-groups": int, "flush-seconds": float,
-                "prefix": str, "env-opt": list, "backend-opt": list, "sandbox": str, "sandboxes": int,
-                "insecure-sandbox": bool, "max-epochs": int, "max-pending": int, "max-staleness": int,
-                "worker": str, "servers-file": str, "docker-host": list},
     "reward": {**_RUNS, "in": str, "out": str, "worker": str},
     "eval": {**_RUNS, "out": str, "name": str, "policy": str, "tasks": list, "env": str, "env-opt": list,
              "limit": int, "backend": str, "backend-opt": list, "server": list, "max-batch": int, "compare": str,

@@ -56,6 +56,41 @@ class PolicyOptions:
 
 
 @dataclass
+class RolloutOptions(RunOptions, PolicyOptions):
+    """`arlctl rollout` besides its loop settings (stages/agent_loop.RolloutConfig)."""
+
+    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    env: str | None = setting(None, "Environment: math, swe, a plugin name or module:factory (default: each task's "
+                              "own \"env\" field, else math).")
+    tasks: list[str] = setting(help="builtin:NAME?opts or a JSONL file (default builtin:ENV); with --env-mix, "
+                               "repeat as ENV=SOURCE.", factory=list)
+    env_mix: str | None = setting(None, "Sample groups across envs at these ratios, e.g. 'swe:0.7,math:0.3' (tasks "
+                                  "per env from --tasks ENV=SOURCE or builtin).")
+    env_opt: list[str] = setting(help="KEY=VALUE passed to the environment.", factory=list)
+    limit: int | None = setting(None, "Use only the first N tasks.")
+    prefix: str = setting("part", "Shard name prefix (e.g. it0003 in a loop).")
+    chat_template_kwargs: list[str] = setting(help="KEY=VALUE for the chat template (repeatable), e.g. "
+                                              "enable_thinking=false.", factory=list)
+    max_error_frac: float = setting(0.5, "Exit 1 when more than this share of trajectories ends env_error or "
+                                    "policy_error.")
+    top_up: bool = setting(False, "Resample a member that ends env_error (a dead sandbox: infrastructure, not the "
+                           "model) with a new seed, so groups stay at G.")
+    max_top_up: int = setting(2, "--top-up: resamples allowed per group.")
+    flush_groups: int = setting(16, "Write a shard every N groups.")
+    flush_seconds: float = setting(60.0, "... or every T seconds.")
+    sandbox: str | None = setting(None, "swe: sandbox backend (bwrap, docker, subprocess).")
+    sandboxes: int | None = setting(None, "swe: warm sandboxes in the pool.")
+    insecure_sandbox: bool = setting(False, "Allow the subprocess backend (trusted code only).")
+    docker_host: list[str] = setting(help="--sandbox docker: an engine, 'URL max=N' or a hosts file (repeatable); "
+                                     "sandboxes spread over them.", factory=list)
+    worker: str | None = setting(None, "I/N: roll out only worker I's share of the tasks.")
+    max_epochs: int | None = setting(None, "--watch: stop after N epochs (default: never).")
+    max_pending: int | None = setting(None, "--watch: untrained rows (in flight included) never exceed this.")
+    max_staleness: int | None = setting(None, "--watch: start no trajectory more than K versions behind the "
+                                        "trainer.")
+
+
+@dataclass
 class FilterOptions(RunOptions):
     in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
     out_url: str | None = setting(None, "Output directory, local or a URL (default: the run's).", flag="--out")
@@ -83,4 +118,5 @@ class SyncOptions(RunOptions):
 
 
 # The stages whose run options are declared here (the others are still listed in configs.COMMAND_OPTIONS).
-STAGE_OPTIONS: dict[str, type] = {"filter": FilterOptions, "train": TrainOptions, "sync": SyncOptions}
+STAGE_OPTIONS: dict[str, type] = {"rollout": RolloutOptions, "filter": FilterOptions, "train": TrainOptions,
+                                  "sync": SyncOptions}

@@ -18,10 +18,10 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from arlctl.errors import UsageError
+from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Policy, as_policy
 from arlctl.io.fs import basename, join
 from arlctl.io.layout import metrics_dir_for
@@ -31,6 +31,8 @@ from arlctl.io.sink import GroupShardWriter
 from arlctl.render import one_line
 from arlctl.schemas.safe_text import parquet_safe
 from arlctl.stages.agent_loop import RolloutConfig, Stats
+from arlctl.stages.jobs import RolloutOptions
+from arlctl.stages.policy_job import PolicyChoice
 from arlctl.stages.rollout import Resume, rollout
 from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
 
@@ -273,7 +275,7 @@ class DaemonOptions:
 
 
 def daemon_options(watch: bool, max_epochs: int | None, poll: float, max_pending: int | None,
-                    max_staleness: int | None, group_size: int, policy: str, run: str | None,
+                    max_staleness: int | None, group_size: int, policy: PolicyChoice, run: str | None,
                     out: str) -> DaemonOptions | None:
     """Check the --watch options; resolve the run directory (backpressure) and the policy dir to follow."""
     if not watch:
@@ -292,15 +294,9 @@ def daemon_options(watch: bool, max_epochs: int | None, poll: float, max_pending
     if run_root is None and (max_pending is not None or max_staleness is not None):
         raise UsageError("--max-pending and --max-staleness read the run directory",
                          hint="pass --run RUN (or --out RUN/rollouts)")
-    follow = None
-    from arlctl import models
-
-    if not policy.startswith("oracle:") and policy not in ("tiny", "default", models.DEFAULT_MODEL):
-        from arlctl.inference.loader import resolve_policy
-
-        resolved = resolve_policy(policy, progress=False)
-        follow = str(resolved.policy_dir) if resolved.policy_dir is not None else None
-    if follow is None and run_root is not None and not policy.startswith("oracle:"):
+    resolved = policy.resolved
+    follow = str(resolved.policy_dir) if resolved is not None and resolved.policy_dir is not None else None
+    if follow is None and run_root is not None and not policy.scripted:
         follow = join(run_root, "policy")  # start from a model, pick up what sync publishes
     return DaemonOptions(epochs=max_epochs, poll=poll, max_pending=max_pending, max_staleness=max_staleness,
                          run=run_root, follow=follow)
@@ -322,6 +318,9 @@ class RolloutJob:
     flush_seconds: float = 60.0
     prefix: str = "part"
     daemon: DaemonOptions | None = None
+    policy: PolicyChoice | None = None  # what `arlctl rollout` loads (None on a dry run: nothing is resolved)
+    max_error_frac: float = 0.5  # above this share of failed trajectories the run fails (RolloutResult.failure)
+    lock_name: str = "rollout"  # the run lock on `out`: one per worker share
 
 
 @dataclass
@@ -412,6 +411,85 @@ class RolloutResult:
                     + f"; last error: {self.last_error or 'none recorded'}",
                     "the rows are kept for `arlctl show`; `arlctl status RUN` lists the causes")
         return None
+
+
+def plan_rollout(cfg: RolloutConfig, opts: RolloutOptions) -> RolloutJob:
+    """`arlctl rollout`'s options checked and assembled into a job, every usage error before anything is made:
+    the sampling and loop options, the tasks (this worker's share), their envs and env options, the doctor's
+    checks (not on a dry run), the policy (resolved once: stages/policy_job.py), then the IO and --watch."""
+    from arlctl.io.partition import owns, parse_worker
+    from arlctl.io.run import resolve_io
+    from arlctl.settings import parse_env_options
+    from arlctl.stages import policy_job
+
+    check_sampling_options(cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
+    check_loop_options(cfg.history, cfg.tool_format, opts.max_error_frac)
+    template_kwargs = parse_template_kwargs(opts.chat_template_kwargs)
+    if opts.max_top_up < 0:
+        raise UsageError(f"--max-top-up must be >= 0, got {opts.max_top_up}")
+    task_list, env = load_task_list(opts.env, opts.tasks, opts.env_mix, opts.limit, cfg.seed)
+    share = parse_worker(opts.worker)
+    task_list = [t for t in task_list if owns(str(t.get("task_id", "")), *share)]
+    options = parse_env_options(opts.env_opt)
+    for key, value in (("sandbox", opts.sandbox), ("sandboxes", opts.sandboxes),
+                       ("insecure_sandbox", opts.insecure_sandbox or None), ("docker_hosts", opts.docker_host or None)):
+        if value is not None:
+            options[key] = value
+    picker = EnvPicker(options)
+    env_names = picker.check(task_list, env)  # unknown envs or options: a usage error before any work
+    # The command's own options that complete the loop settings (--env from the tasks, --top-up gating).
+    cfg = replace(cfg, env=env, max_top_up=opts.max_top_up if opts.top_up else 0, template_kwargs=template_kwargs)
+    job = RolloutJob(cfg=cfg, tasks=task_list, envs=picker, out="", run=opts.run, backend=opts.backend,
+                     sources=list(opts.tasks) or [f"builtin:{env}"], policy_spec=opts.policy,
+                     flush_groups=opts.flush_groups, flush_seconds=opts.flush_seconds, prefix=opts.prefix,
+                     max_error_frac=opts.max_error_frac,
+                     lock_name="rollout" if share[1] == 1 else f"rollout-worker{share[0]}of{share[1]}")
+    if not opts.dry_run:
+        _preflight(env_names, options.get("sandbox"), opts.backend)
+    job.policy = policy_job.choose(opts, progress=not opts.quiet)  # a wrong policy: exit 2, before the output
+    if opts.dry_run:
+        return job  # shows the first prompt: no preflight, no policy load, no output
+    _, job.out = resolve_io("rollout", opts.run, None, opts.out, watch=opts.watch)
+    job.daemon = daemon_options(opts.watch, opts.max_epochs, opts.poll, opts.max_pending, opts.max_staleness,
+                                cfg.group_size, job.policy, opts.run, job.out)
+    return job
+
+
+def verdict(job: RolloutJob, result: RolloutResult, pol: Any) -> Exception | None:
+    """The error that decides the exit of a finished run (None: exit 0): a failed run is terminal (1), unless
+    every inference server is down (transient, 75: start the engines and re-run)."""
+    failed = result.failure(len(job.tasks), job.max_error_frac)
+    if failed is None:
+        return None
+    dead = dead_fleet(pol)
+    if dead:
+        return TransientError(f"{failed[0]}; no inference server can serve: {dead}",
+                              hint="start the engines (or `arlctl fleet add RUN URL`), then re-run")
+    return TerminalError(failed[0], hint=failed[1])
+
+
+def dead_fleet(pol: Any) -> str | None:
+    """The engines of an openai-backend fleet with no engine able to serve (none active or draining: all
+    ejected, joining or retired), each with its state and last error; None for any other policy or fleet."""
+    from arlctl.inference.fleet import Fleet
+
+    fleet = getattr(pol, "fleet", None)
+    if not isinstance(fleet, Fleet) or any(e.state in ("active", "draining") for e in fleet.engines):
+        return None
+    shown = [f"{e.url} ({e.state}" + (f": {e.last_error[:160]}" if e.last_error else "") + ")"
+             for e in fleet.engines[:8]]
+    more = len(fleet.engines) - len(shown)
+    return one_line(", ".join(shown) + (f" and {more} more" if more > 0 else ""))
+
+
+def _preflight(env_names: list[str], sandbox: str | None, backend: str) -> None:
+    """The doctor's checks each env and the backend need: one usage error with its fix, before any work."""
+    from arlctl.doctor import DoctorOptions, preflight, stage_checks
+
+    for name in env_names:
+        checks = stage_checks(name, sandbox, backend)
+        if checks:
+            preflight(checks, DoctorOptions(sandbox=sandbox or "bwrap", backend=backend))
 
 
 async def run_rollout(job: RolloutJob, pol: Policy, stop: asyncio.Event, stats: Stats | None = None,

@@ -174,7 +174,7 @@ def resume_argv(run_dir: str) -> list[str]:
     return [sys.executable, "-m", "arlctl.cli.main", "rollout", "--env", "first-token",
             "--tasks", f"builtin:first-token?n={RESUME_TASKS}&seed=0", "--policy", "tiny", "--run", run_dir,
             "-G", str(RESUME_G), "-c", "4", "--max-turns", "1", "--max-new-tokens", "24", "--seed", "1",
-            "--flush-groups", "1", "--json", "-q"]
+            "--flush-groups", "1", "--json"]  # no -q: the resume line on stderr is asserted
 
 
 def _rows(shards: list[str]) -> list[dict]:

@@ -66,7 +66,7 @@ def test_the_openai_backend_reads_the_runs_fleet_file_unless_a_server_is_given(t
 def test_serve_rollout_and_eval_share_one_max_batch_default_and_help():
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     field = next(f for f in dataclasses.fields(PolicyOptions) if f.name == "max_batch")
-    for name in ("serve",):
+    for name in ("rollout", "serve"):
         param = next(p for p in commands[name].params if flag_of(field) in p.opts)
         assert option_defaults(commands[name])[flag_of(field)] == ("max_batch", field.default), name
         assert param.help == field.metadata["help"], name

@@ -83,7 +83,7 @@ def test_reloads_a_new_version_at_turn_boundaries_and_stops_cleanly_on_sigterm(t
     proc = subprocess.Popen(
         [*ARLCTL, "rollout", "--watch", "--env", "math", "--tasks", "builtin:math?n=50&seed=3",
          "--policy", str(policy_dir), "--run", str(run), "-G", "2", "-c", "4", "--max-turns", "3",
-         "--max-new-tokens", "8", "--seed", "0", "--flush-groups", "1", "--poll", "0.2", "--json", "-q"],
+         "--max-new-tokens", "8", "--seed", "0", "--flush-groups", "1", "--poll", "0.2", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 240

@@ -143,7 +143,7 @@ def replies(tmp_path):
 def test_the_cli_rerun_of_a_finished_rollout_writes_nothing_and_says_so(tmp_path, replies):
     out = str(tmp_path / "rollouts")
     argv = ["rollout", "--env", "first-token", "--tasks", TASKS, "--policy", f"oracle:replies={replies}",
-            "--out", out, "-G", str(G), "--max-turns", "1", "--flush-groups", "2", "--json", "-q"]
+            "--out", out, "-G", str(G), "--max-turns", "1", "--flush-groups", "2", "--json"]  # no -q: the summary
     first = runner.invoke(app, argv)
     assert first.exit_code == 0, first.output
     shards = list_shards(out)
