@@ -21,7 +21,8 @@ recorded with its rule name so an audit can account for every trajectory:
                       closed); --keep-untrusted keeps them. A reward without a `trusted` key (math,
                       judges, ...) is not touched by this rule
   2. group_integrity  groups whose sample indices are not 0..n-1 in the input, or with fewer than
-                      --min-group-size rows left after completeness (no baseline): whole groups only
+                      --min-group-size rows left after completeness (no baseline): whole groups only. An
+                      aborted member whose index a resumed rollout wrote again is replaced, not a gap
   3. zero_variance    groups whose rewards are all equal (no learning signal; in the turn modes: whose
                       returns are equal at every turn index); a seeded --keep-uniform fraction is kept.
                       Not applied with --adv gae or distill: a critic's values or a teacher's log-probs
@@ -254,13 +255,25 @@ def apply_rules(table: pa.Table, cfg: FilterConfig, current_version: int) -> Rul
 
     # 2. group integrity: the input must hold each group whole, and enough of it must survive.
     # Exact duplicates (same trajectory_id) are left to rule 4 rather than condemning their group here.
+    # Rollout resumes per sample: an interrupted run leaves a sample `aborted` and the re-run writes it again
+    # under a new id, so an aborted member whose index another member completed was replaced (as is a second
+    # aborted try at one index): it is not part of the group, and is never packed.
     sample_index = table.column("sample_index").to_pylist()
     for rows in _group_rows(groups, np.arange(n)).values():
         by_id: dict[str, int] = {}
         for i in rows:
             by_id.setdefault(ids[i], sample_index[i])
-        if sorted(by_id.values()) != list(range(len(by_id))):
+        completed = {sample_index[i] for i in rows if status[i] != "aborted"}
+        tried: dict[int, str] = {}  # index -> the one aborted member that stands for it
+        for i in rows:
+            if status[i] == "aborted" and sample_index[i] not in completed:
+                tried.setdefault(sample_index[i], ids[i])
+        replaced = {ids[i] for i in rows if status[i] == "aborted" and tried.get(sample_index[i]) != ids[i]}
+        indices = sorted(index for tid, index in by_id.items() if tid not in replaced)
+        if indices != list(range(len(indices))):
             drop(rows, "group_integrity")
+        else:
+            drop([i for i in rows if ids[i] in replaced], "group_integrity")
     drop_small_groups("group_integrity")
 
     # 3. zero variance: equal rewards give every sample advantage 0 in the group modes; equal returns at

@@ -246,3 +246,35 @@ def test_an_exact_duplicate_row_does_not_condemn_its_group():
     table = rows_to_table([row("g", 0, 1.0, tid="x0"), row("g", 1, 0.0, tid="x1"), row("g", 1, 0.0, tid="x1")])
     groups, res = kept_groups(table, FilterConfig())
     assert groups == {"g"} and res.counts["group_integrity"] == 0 and res.counts["duplicate"] == 1
+
+
+def test_an_aborted_member_replaced_by_a_resumed_rollout_leaves_its_group_whole(tmp_path):
+    # Rollout resumes per sample: run 1 was stopped while sample 1 ran (aborted, id a1); run 2 wrote it again (b1).
+    rows = [row("g", 0, 1.0, tid="x0"), row("g", 1, 0.0, status="aborted", tid="a1"), row("g", 2, 0.0, tid="x2"),
+            row("g", 1, 0.0, tid="b1"), row("h", 0, 1.0), row("h", 1, 0.0)]
+    groups, res = kept_groups(rows_to_table(rows), FilterConfig())
+    assert groups == {"g", "h"} and res.counts["group_integrity"] == 0 and res.counts["completeness"] == 1
+    # Kept by --keep-status, the replaced try still is not a member: it goes, and only it.
+    table = rows_to_table(rows)
+    _, res = kept_groups(table, FilterConfig(keep_status=["ok", "aborted"]))
+    assert res.keep.tolist() == [True, False, True, True, True, True] and res.counts["group_integrity"] == 1
+    # Packed: the group's batch holds each sample index once, the aborted try in none.
+    write_shard(table, str(tmp_path / "in" / "a.parquet"), Lineage("reward"))
+    summary = run_filter(str(tmp_path / "in"), str(tmp_path / "batches"), FilterConfig(), 0)
+    packed = [r for shard in scan(str(tmp_path / "batches")).shards
+              for r in read_shard(shard, columns=["trajectory_id", "group_id", "sample_index"]).to_pylist()]
+    assert summary["groups_kept"] == 2 and "a1" not in {r["trajectory_id"] for r in packed}
+    assert sorted(r["sample_index"] for r in packed if r["group_id"] == "g") == [0, 1, 2]
+
+
+def test_a_replacement_does_not_hide_a_gap_or_a_second_completed_sample():
+    # Sample 1 replaced, sample 2 never written: the group is not whole.
+    gap = [row("g", 0, 1.0), row("g", 1, None, status="aborted", tid="a1"), row("g", 1, 0.0), row("g", 3, 0.0)]
+    # Two completed samples at one index (distinct ids) are no replacement either.
+    twice = [row("t", 0, 1.0), row("t", 1, 0.0), row("t", 1, 1.0), row("t", 2, 0.0)]
+    # Stopped twice at sample 1 and not re-run yet: one index tried twice, no gap; both tries go (completeness).
+    pending = [row("p", 0, 1.0), row("p", 1, None, status="aborted"), row("p", 1, None, status="aborted"),
+               row("p", 2, 0.0)]
+    groups, res = kept_groups(rows_to_table(gap + twice + pending), FilterConfig())
+    # completeness: the 3 aborted rows (no reward); group_integrity: the other 3 rows of "g" and 4 of "t".
+    assert groups == {"p"} and res.counts["group_integrity"] == 7 and res.counts["completeness"] == 3
