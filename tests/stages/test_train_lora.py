@@ -5,12 +5,11 @@ roll out with the hf backend."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
 import torch
+from inprocess import arlctl
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
@@ -85,11 +84,9 @@ def test_merged_policy_rolls_out_with_the_hf_backend(trained, tmp_path):
     root, _, out, _ = trained
     policy = tmp_path / "policy"
     assert sync(str(out), str(policy))["published"]
-    result = subprocess.run([sys.executable, "-m", "arlctl.cli.main", "rollout", "--env", "math",
-                             "--tasks", "builtin:math?n=2&seed=0", "--policy", str(policy), "--backend", "hf",
-                             "--out", str(tmp_path / "rollouts"), "-G", "2", "--max-turns", "1",
-                             "--max-new-tokens", "8", "--seed", "0", "--json", "-q"],
-                            capture_output=True, text=True, timeout=600)
+    result = arlctl("rollout", "--env", "math", "--tasks", "builtin:math?n=2&seed=0", "--policy", policy,
+                    "--backend", "hf", "--out", tmp_path / "rollouts", "-G", "2", "--max-turns", "1",
+                    "--max-new-tokens", "8", "--seed", "0", "--json", "-q")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["trajectories"] == 4
     rows = [row for shard in list_shards(str(tmp_path / "rollouts")) for row in read_shard(shard).to_pylist()]
