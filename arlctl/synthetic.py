@@ -95,7 +95,7 @@ def _one_row(rng, env, group_id, sample_index, task, prompt_ids, mean_turns, tok
                           policy_version=policy_version, gen_latency_s=g_lat,
                           env_latency_s=0.0 if last else e_lat))
     status = str(rng.choice(statuses, p=status_p))
-    finish = {"ok": "submit", "truncated": "max_tokens", "timeout": "timeout", "env_error": "error",
+    finish = {"ok": "submit", "truncated": "length", "timeout": "timeout", "env_error": "error",
               "policy_error": "error"}[status]
     correct = float(rng.random() < task_p) if status == "ok" else 0.0
     wall = gen_time + env_time + float(rng.exponential(0.05))

@@ -286,7 +286,7 @@ class Recorder:
                         latency_s: float) -> None:
         seg.builder.add_generation(gen.ids, gen.logprobs, gen.version, text, calls, latency_s)
         # The schema's vocabulary: a reply cut by max_tokens leaves the segment truncated unless more follows.
-        seg.row.status, seg.row.finish_reason = (("truncated", "max_tokens") if gen.finish_reason == "length"
+        seg.row.status, seg.row.finish_reason = (("truncated", "length") if gen.finish_reason == "length"
                                                  else ("ok", "stop"))
         seg.last_ids = list(gen.ids)
 

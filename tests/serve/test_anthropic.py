@@ -160,7 +160,7 @@ def test_session_found_by_prefix_and_max_tokens_stop(servers):
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
     scripted.end(sid)
     (row,) = rows_by_session(scripted.record)[sid]
-    assert row["num_turns"] == 2 and row["status"] == "truncated" and row["finish_reason"] == "max_tokens"
+    assert row["num_turns"] == 2 and row["status"] == "truncated" and row["finish_reason"] == "length"
 
 
 def test_real_model_session_streamed_and_plain_record_the_same_exact_tokens(servers):
