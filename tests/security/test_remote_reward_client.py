@@ -5,7 +5,7 @@ reward` through its CLI (in process, or as a subprocess where a signal is sent).
 per reward name in the URL:
 
 - drips its answer one byte every 0.5 s, in the headers or in the body: the command ends at its total
-  deadline ($ARLCTL_REWARD_TIMEOUT_S, 2 s here), exit 75 naming the server; with the default deadline
+  deadline ($ARLCTL_REWARD_TIMEOUT_S, 1 s here), exit 75 naming the server; with the default deadline
   (900 s) a SIGTERM during the drip ends the process at once, exit 75, the shard scored before it written
   and complete, the one in flight not written at all;
 - answers 200 with a JSON list, a string, a number, invalid JSON, HTML, or a body over the answer cap:
@@ -144,7 +144,8 @@ def hostile():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
     server.daemon_threads = True
     server.scoring, server.stopping, server.scoring_requests = threading.Event(), threading.Event(), 0
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the loop to look again: the default 0.5 s poll was half a second per test
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
     server.stopping.set()
@@ -177,9 +178,9 @@ def flat(output: str) -> str:
 def test_a_dripping_server_is_cut_at_the_total_deadline(hostile, rollouts, monkeypatch, mode):
     """Dripping the headers, the body, or the answer to the version request (describe-drip)."""
     server, base = hostile
-    result = reward(rollouts, f"{base}/{mode}", monkeypatch, timeout_s="2")
+    result = reward(rollouts, f"{base}/{mode}", monkeypatch, timeout_s="1")
     assert result.exit_code == 75, result.output
-    assert f"reward server {base}/score/{mode} did not answer within 2 s" in flat(result.output)
+    assert f"reward server {base}/score/{mode} did not answer within 1 s" in flat(result.output)
     assert "Traceback" not in result.output
     assert server.scoring_requests == 1  # the first request hit the deadline; nothing was retried blindly
     assert list_shards(str(rollouts[1])) == []  # the shard stays pending
