@@ -5,7 +5,7 @@ lineage), a few small columns, checkpoints' state.json, policy/LATEST, RUN/metri
 any fsspec URL, and returns a plain dict (what `arlctl status --json` prints). `render(state)` turns it
 into the compact Rich panel that `arlctl status` prints and `arlctl up`'s live dashboard redraws.
 
-Definitions (the rollout daemon's backpressure uses the same numbers, see README "Running as daemons"):
+Definitions (the rollout daemon's backpressure uses the same numbers, see docs/daemons.md):
   consumed     a rollouts/ shard is consumed once a rewarded/ shard names it in its lineage; a rewarded/
                shard once a finished filter invocation names it (its manifest in batches/_filter/, or
                all of its batches visible: a half-written invocation has not consumed its inputs yet);

@@ -185,7 +185,7 @@ def as_env(obj: Any) -> Env:
     missing = missing_methods(obj)
     if missing:
         raise UsageError(f"a {type(obj).__name__} without {', '.join(missing)} is not an env",
-                         hint="an env factory returns an object with async reset, step and close (README)")
+                         hint="an env factory returns an object with async reset, step and close (docs/environments.md)")
     if type(obj) in _FULL_ENV_TYPES:
         return obj
     if isinstance(obj, Env):  # runtime_checkable: every member present

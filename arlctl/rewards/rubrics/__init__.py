@@ -157,7 +157,7 @@ def resolve(spec: str) -> Path:
     if (HERE / f"{spec}.yaml").is_file():
         return HERE / f"{spec}.yaml"
     raise UsageError(f"rubric {spec!r} is neither a file nor a shipped rubric",
-                     hint=f"shipped: {', '.join(shipped())}; or give a YAML file (README: model-based rewards)")
+                     hint=f"shipped: {', '.join(shipped())}; or give a YAML file (docs/environments.md: model-based rewards)")
 
 
 def load(spec: str, kinds: tuple[str, ...] = KINDS) -> Rubric:
@@ -184,7 +184,7 @@ def _load(path: str) -> Rubric:
 
 def _build(path: str, digest: str, doc: dict[str, Any]) -> Rubric:
     def bad(why: str) -> UsageError:
-        return UsageError(f"rubric {path}: {why}", hint="see README: model-based rewards (rubric files)")
+        return UsageError(f"rubric {path}: {why}", hint="see docs/environments.md: model-based rewards (rubric files)")
 
     unknown = set(doc) - {"name", "kind", "system", "template", "verdict", "scores", "scale", "step_template",
                           "max_tokens", "max_field_chars", "description"}
