@@ -68,7 +68,7 @@ and the number of parts. Inputs named in a batch's lineage are consumed. If a cr
 invocation with fewer parts than it announced, the next run with the same configuration recomputes it
 and writes only the groups that are not yet in a batch.
 
-Lineage is data, never code (see `_check_lineage`). Nothing read from a shard is executed: an
+Lineage is data, never code (see arlctl/io/ledger.py `check_filter_lineage`). Nothing read from a shard is executed: an
 interrupted invocation is resumed only when its recorded config hash equals the hash of the running
 invocation's own configuration, and then with that own configuration (the recorded `--where` text is
 never run). A batch's lineage marks inputs consumed only when its hashes recompute (config hash of its
@@ -98,9 +98,7 @@ from arlctl.io.fs import basename, join
 from arlctl.io.shards import (
     Lineage,
     config_hash,
-    is_shard_name,
     quarantine,
-    read_lineage,
     read_shard,
     scan,
     shard_name,
@@ -113,7 +111,7 @@ from arlctl.rl.advantages import (
     compute_advantages,
     group_ids_to_index,
 )
-from arlctl.schemas.values import MAX_POLICY_VERSION, BadValue, bad_rows, find_bad_values
+from arlctl.schemas.values import BadValue, bad_rows, find_bad_values
 from arlctl.stages.configs import FilterConfig
 from arlctl.stages.results import FilterIO, FilterResult
 from arlctl.stages.turn_credit import (
@@ -539,83 +537,6 @@ def _audit_table(ids, groups, source, outcome, part, invocation) -> pa.Table:
 
 # ----------------------------------------------------------------------------------------------- running
 
-MANIFEST_DIR = run_ledger.MANIFEST_DIR  # hidden from shard readers: one JSON per finished invocation
-
-
-@dataclass
-class Ledger:
-    """What the output directory says was consumed, and which invocations were interrupted."""
-
-    consumed: set[str] = field(default_factory=set)  # input basenames
-    unfinished: dict[str, dict[str, Any]] = field(default_factory=dict)  # invocation -> checked record
-    untrusted: list[str] = field(default_factory=list)  # "name: why" for records that count for nothing
-
-
-def _check_lineage(lineage: Lineage | None) -> dict[str, Any] | str:
-    """The checked record of a filter batch's lineage, or why it is not trusted (see the module docstring)."""
-    if lineage is None or lineage.stage != "filter":
-        return "not written by filter"
-    extra = lineage.extra if isinstance(lineage.extra, dict) else {}
-    config, version, part, parts = (extra.get(k) for k in ("config", "current_version", "part", "parts"))
-    inputs = lineage.inputs
-    if not (isinstance(inputs, list) and all(isinstance(i, str) and is_shard_name(basename(i)) for i in inputs)):
-        return "its inputs are not a list of shard names"
-    if not (isinstance(config, dict) and _is_int(version) and 0 <= version <= MAX_POLICY_VERSION
-            and _is_int(part) and _is_int(parts) and 0 <= part < parts):
-        return "its invocation record is malformed"
-    if lineage.config_hash != config_hash(config):
-        return "its config hash does not match its recorded config"
-    names = sorted(basename(i) for i in inputs)
-    if extra.get("invocation") != config_hash({"inputs": names, "cfg": config, "version": version}):
-        return "its invocation id does not match its inputs, config and version"
-    return {"invocation": extra["invocation"], "inputs": names, "config_hash": lineage.config_hash,
-            "current_version": version, "parts": parts, "part": part}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _read_manifests(out_url: str, ledger: Ledger) -> set[str]:
-    """Consumed inputs and finished invocations from `_filter/*.json`; a malformed manifest counts for nothing."""
-    finished: set[str] = set()
-    for name, manifest in run_ledger.read_filter_manifests(out_url):
-        try:
-            if isinstance(manifest, Exception):
-                raise manifest
-            inputs, invocation = manifest["inputs"], manifest["invocation"]
-            if not (isinstance(invocation, str) and isinstance(inputs, list) and all(isinstance(i, str) for i in inputs)):
-                raise TypeError("inputs or invocation of the wrong type")
-        except (ValueError, KeyError, TypeError, RecursionError) as err:
-            ledger.untrusted.append(f"{MANIFEST_DIR}/{name}: malformed manifest ({type(err).__name__})")
-            continue
-        ledger.consumed.update(basename(i) for i in inputs)
-        finished.add(invocation)
-    return finished
-
-
-def _read_ledger(out_url: str) -> Ledger:
-    """Consumed input names, and the invocations that started writing batches but have no manifest."""
-    ledger = Ledger()
-    finished = _read_manifests(out_url, ledger)
-    for shard in scan(out_url).shards:
-        try:
-            lineage = read_lineage(shard)
-        except CorruptShardError as err:
-            ledger.untrusted.append(f"{basename(shard)}: {err.reason}")
-            continue
-        if lineage is None or (lineage.stage != "filter" and "invocation" not in (lineage.extra or {})):
-            continue  # not a filter batch: it records nothing filter consumed
-        record = _check_lineage(lineage)
-        if isinstance(record, str):
-            ledger.untrusted.append(f"{basename(shard)}: {record}")
-            continue
-        ledger.consumed.update(record["inputs"])
-        if record["invocation"] not in finished:
-            started = ledger.unfinished.setdefault(record["invocation"], {**record, "written": {}})
-            started["written"][record["part"]] = basename(shard)
-    return ledger
-
 
 def _resume(record: dict[str, Any], in_url: str, out_url: str, metrics_url: str | None,
             cfg: FilterConfig) -> list[str] | str:
@@ -663,7 +584,7 @@ def run_filter(in_url: str, out_url: str, cfg: FilterConfig, current_version: in
                metrics_url: str | None = None, dry_run: bool = False, quarantine_bad: bool = False) -> dict[str, Any]:
     """One filter invocation over the not-yet-consumed input shards. Returns a summary dict."""
     cfg.check()
-    ledger = _read_ledger(out_url)
+    ledger = run_ledger.read_filter_ledger(out_url)
     recovered: list[str] = []
     unresumed: list[str] = []
     if not dry_run:

@@ -220,42 +220,104 @@ def read_filter_manifests(batches_url: str) -> list[tuple[str, dict[str, Any] | 
     return found
 
 
-def finished_filter_inputs(batches_url: str) -> set[str]:
-    """Input names the finished filter invocations (those with a manifest) consumed; malformed ones count for
-    nothing (the filter itself reports them)."""
-    consumed: set[str] = set()
-    for _, manifest in read_filter_manifests(batches_url):
-        inputs = manifest.get("inputs") if isinstance(manifest, dict) else None
-        if isinstance(inputs, list):
-            consumed.update(basename(i) for i in inputs if isinstance(i, str))
-    return consumed
+@dataclass
+class FilterLedger:
+    """What a filter output directory says was consumed, and which invocations were interrupted."""
+
+    consumed: set[str] = field(default_factory=set)  # input basenames named by a manifest or a trusted batch
+    finished: set[str] = field(default_factory=set)  # invocations with a manifest
+    unfinished: dict[str, dict[str, Any]] = field(default_factory=dict)  # invocation -> checked record + written
+    untrusted: list[str] = field(default_factory=list)  # "name: why" for records that count for nothing
+    finished_inputs: set[str] = field(default_factory=set)  # inputs of the finished invocations
+    foreign_inputs: set[str] = field(default_factory=set)  # inputs named by batches filter did not write
+
+    def drained(self) -> set[str]:
+        """Inputs whose rows are all in visible batches: a finished invocation's, or an interrupted one's whose
+        every part is there. An invocation writes its batches one by one, each naming every input; counting
+        the inputs at its first batch would hide the rows of the batches still to come (status's backlog).
+        A batch written by something else (no invocation) holds its inputs' rows too: they count here, though
+        filter does not take them as consumed."""
+        whole = (r["inputs"] for r in self.unfinished.values() if len(r["written"]) >= r["parts"])
+        return self.finished_inputs.union(self.foreign_inputs, *whole)
+
+
+def check_filter_lineage(lineage: Any) -> dict[str, Any] | str:
+    """The checked record of a filter batch's lineage, or why it is not trusted (stages/filter.py's docstring:
+    lineage is data; it counts only when its hashes recompute and its inputs are plain shard names)."""
+    from arlctl.io.shards import config_hash, is_shard_name
+
+    if lineage is None or lineage.stage != "filter":
+        return "not written by filter"
+    extra = lineage.extra if isinstance(lineage.extra, dict) else {}
+    config, version, part, parts = (extra.get(k) for k in ("config", "current_version", "part", "parts"))
+    inputs = lineage.inputs
+    if not (isinstance(inputs, list) and all(isinstance(i, str) and is_shard_name(basename(i)) for i in inputs)):
+        return "its inputs are not a list of shard names"
+    if not (isinstance(config, dict) and _is_int(version) and 0 <= version <= MAX_POLICY_VERSION
+            and _is_int(part) and _is_int(parts) and 0 <= part < parts):
+        return "its invocation record is malformed"
+    if lineage.config_hash != config_hash(config):
+        return "its config hash does not match its recorded config"
+    names = sorted(basename(i) for i in inputs)
+    if extra.get("invocation") != config_hash({"inputs": names, "cfg": config, "version": version}):
+        return "its invocation id does not match its inputs, config and version"
+    return {"invocation": extra["invocation"], "inputs": names, "config_hash": lineage.config_hash,
+            "current_version": version, "parts": parts, "part": part}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_filter_ledger(batches_url: str, lineage_of: LineageOf | None = None) -> FilterLedger:
+    """Filter's consumption rule, for filter itself and for status: an input is consumed once a finished
+    invocation's manifest names it or a trusted batch does (the interrupted invocation is then finished, not
+    re-read). A malformed manifest, unreadable lineage or lineage that does not check counts for nothing and
+    is named under `untrusted`; a shard not written by filter records nothing. lineage_of: a cached footer
+    reader (status); by default each footer is read, a corrupt one raising CorruptShardError, caught here."""
+    from arlctl.errors import CorruptShardError
+    from arlctl.io.shards import read_lineage, scan
+
+    found = FilterLedger()
+    for name, manifest in read_filter_manifests(batches_url):
+        try:
+            if isinstance(manifest, Exception):
+                raise manifest
+            inputs, invocation = manifest["inputs"], manifest["invocation"]
+            if not (isinstance(invocation, str) and isinstance(inputs, list) and all(isinstance(i, str) for i in inputs)):
+                raise TypeError("inputs or invocation of the wrong type")
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
+            found.untrusted.append(f"{MANIFEST_DIR}/{name}: malformed manifest ({type(err).__name__})")
+            continue
+        found.finished_inputs.update(basename(i) for i in inputs)
+        found.finished.add(invocation)
+    found.consumed.update(found.finished_inputs)
+    for shard in scan(batches_url).shards:
+        try:
+            lineage = (lineage_of or read_lineage)(shard)
+        except CorruptShardError as err:
+            found.untrusted.append(f"{basename(shard)}: {err.reason}")
+            continue
+        if lineage is None:
+            continue
+        if lineage.stage != "filter" and "invocation" not in (lineage.extra or {}):
+            if isinstance(lineage.inputs, list):  # not a filter batch: it records nothing filter consumed
+                found.foreign_inputs.update(basename(i) for i in lineage.inputs if isinstance(i, str))
+            continue
+        record = check_filter_lineage(lineage)
+        if isinstance(record, str):
+            found.untrusted.append(f"{basename(shard)}: {record}")
+            continue
+        found.consumed.update(record["inputs"])
+        if record["invocation"] not in found.finished:
+            started = found.unfinished.setdefault(record["invocation"], {**record, "written": {}})
+            started["written"][record["part"]] = basename(shard)
+    return found
 
 
 def filter_consumed(batches_url: str, lineage_of: LineageOf | None = None) -> set[str]:
-    """Inputs consumed by filter: named by a finished manifest, or by an invocation's batches once all of
-    them are visible. One invocation writes its batches one by one, each naming every input; counting the
-    inputs at its first batch would hide the rows of the batches still to come."""
-    from arlctl.io.shards import scan
-
-    consumed = finished_filter_inputs(batches_url)
-    parts: dict[str, set[Any]] = {}
-    expected: dict[str, int] = {}
-    inputs: dict[str, list[str]] = {}
-    for shard in scan(batches_url).shards:
-        lineage = _lineage(shard, lineage_of)
-        if lineage is None:
-            continue
-        invocation = lineage.extra.get("invocation")
-        if invocation is None:  # not written by `arlctl filter`: its own lineage is the whole story
-            consumed.update(basename(i) for i in lineage.inputs)
-            continue
-        parts.setdefault(invocation, set()).add(lineage.extra.get("part"))
-        expected[invocation] = int(lineage.extra.get("parts") or 1)
-        inputs[invocation] = lineage.inputs
-    for invocation, seen in parts.items():
-        if len(seen) >= expected[invocation]:
-            consumed.update(basename(i) for i in inputs[invocation])
-    return consumed
+    """Inputs whose rows filter has put into batches: `read_filter_ledger(...).drained()`."""
+    return read_filter_ledger(batches_url, lineage_of).drained()
 
 
 @dataclass
@@ -331,7 +393,7 @@ def trained_batches(ckpt_dir: str | os.PathLike) -> list[str]:
 __all__ = [
     "LATEST", "MANIFEST_DIR", "STATE_FILE", "STEP_RE", "VERSION_FILE", "VERSION_RE", "checkpoint_dirs",
     "checkpoint_location",
-    "consumed_inputs", "filter_consumed", "finished_filter_inputs", "has_latest", "latest_checkpoint",
+    "FilterLedger", "check_filter_lineage", "consumed_inputs", "filter_consumed", "has_latest", "latest_checkpoint",
     "latest_url", "latest_version", "list_checkpoints", "list_versions", "manifest_url", "parse_version",
     "read_filter_manifests", "read_latest", "read_latest_raw", "read_state", "read_version_info",
     "remove_checkpoint", "remove_version", "state_saved_at", "step_dir_name", "trained_batches", "trainer_version",

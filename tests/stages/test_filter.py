@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import arlctl.stages.filter as filt
 from arlctl.cli.filter import register
 from arlctl.errors import CorruptShardError, UsageError
+from arlctl.io.ledger import MANIFEST_DIR
 from arlctl.io.shards import Lineage, read_lineage, read_shard, scan, write_shard
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
 from arlctl.stages.configs import FilterConfig
@@ -200,7 +201,7 @@ def test_min_groups_waits_and_dry_run_writes_nothing(tmp_path):
     assert waiting["waiting"] and scan(out).shards == []
     dry = run_filter(str(inp), out, FilterConfig(), 0, dry_run=True)
     assert dry["batches_planned"] >= 1 and scan(out).shards == []
-    assert not (tmp_path / "batches" / filt.MANIFEST_DIR).exists()
+    assert not (tmp_path / "batches" / MANIFEST_DIR).exists()
 
 
 def test_all_rows_dropped_still_marks_inputs_consumed(tmp_path):
