@@ -1,9 +1,10 @@
-"""The package layers, highest first: cli -> command engines (supervisor, plan, audit, doctor, stats) ->
-stages / report / trackers -> rewards / synthetic -> envs / serve / rl -> inference -> tools / models /
+"""The package layers, highest first: cli -> command engines (supervisor, plan, audit, stats) ->
+stages / report / trackers -> rewards / synthetic / doctor -> envs / serve / rl -> inference -> tools / models /
 runstate -> sandbox / io -> schemas / render / settings / turn_rows -> errors. No module imports from a
 package above its own or of its rank, every package and top-level module has a rank, and the package import
-graph has no cycle. `arlctl report` is a peer of the stages (cli runs it; it reads run files through io and
-draws trajectories with arlctl/render.py, which `arlctl show` shares).
+graph has no cycle. The doctor's checks sit below the stages: rollout's plan runs the ones its envs and
+backend need before any work (stages/rollout_job.py). `arlctl report` is a peer of the stages (cli runs it;
+it reads run files through io and draws trajectories with arlctl/render.py, which `arlctl show` shares).
 
 Read from the source with `ast` (every import, including the ones inside functions), so the test needs
 nothing imported and fails on the first arrow that points up.
@@ -17,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Higher imports lower. Packages and modules of one rank do not import each other either. Every package
 # and top-level module under arlctl/ (and stages, schemas) has a rank: a new one fails until it is placed.
-RANK = {"cli": 9, "supervisor": 8, "plan": 8, "audit": 8, "doctor": 8, "stats": 8,
-        "stages": 7, "report": 7, "trackers": 7, "rewards": 6, "synthetic": 6, "envs": 5, "serve": 5, "rl": 5,
+RANK = {"cli": 9, "supervisor": 8, "plan": 8, "audit": 8, "stats": 8,
+        "stages": 7, "report": 7, "trackers": 7, "rewards": 6, "synthetic": 6, "doctor": 6, "envs": 5, "serve": 5, "rl": 5,
         "inference": 4, "tools": 3, "models": 3, "runstate": 3, "sandbox": 2, "io": 2,
         "schemas": 1, "render": 1, "settings": 1, "turn_rows": 1, "errors": 0}
 # Re-export shims kept for one change while their importers move (issue 14); delete the entry with the shim.

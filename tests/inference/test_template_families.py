@@ -305,13 +305,13 @@ def test_think_gate_per_turn_rows_go_through_reward_filter_and_train(models, ref
     import duckdb
     from typer.testing import CliRunner
 
-    import arlctl.inference.loader as loader
+    import arlctl.stages.policy_job as policy_job
     from arlctl.cli.main import app
 
     family = FAMILIES["think"]
     inner = load_policy(str(models["think"]), max_batch=8, progress=False)
     policy = ForcedCalls(inner, reference("think"), family, wrong=("20 + 22",))
-    monkeypatch.setattr(loader, "load_policy", lambda *a, **k: policy)
+    monkeypatch.setattr(policy_job, "load_resolved", lambda *a, **k: policy)  # the resolver's one load
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"task_id": f"q{a}", "question": f"What is {a} + {b}?", "answer": str(a + b)})
                              + "\n" for a, b in [(10, 11), (20, 22), (30, 33)]))

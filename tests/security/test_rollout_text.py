@@ -162,11 +162,11 @@ def cli_rollout(monkeypatch, policy, args: list[str]):
     """The real `arlctl rollout` command, its policy loader handing back `policy`.
 
     The real tiny policy goes in wrapped, so the command's closing it leaves the module's copy alive."""
-    import arlctl.inference.loader as loader
+    import arlctl.stages.policy_job as policy_job
 
     if not isinstance(policy, CorruptingPolicy | ScriptedPolicy):
         policy = CorruptingPolicy(policy, lambda gen: gen)
-    monkeypatch.setattr(loader, "load_policy", lambda *a, **k: policy)
+    monkeypatch.setattr(policy_job, "load_resolved", lambda *a, **k: policy)  # the resolver's one load
     return runner.invoke(app, ["rollout", "--policy", "tiny", "--json", "-q", *args])
 
 
