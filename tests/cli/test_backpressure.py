@@ -59,7 +59,7 @@ def test_rollout_halts_at_the_bound_and_resumes_when_train_catches_up(tmp_path):
         [*ARLCTL, "rollout", "--watch", "--env", "first-token", "--tasks", "builtin:first-token?n=64",
          "--policy", "tiny", "--run", run, "-G", str(G), "-c", "4", "--max-new-tokens", "4", "--seed", "0",
          "--flush-groups", "3", "--poll", "0.3", "--max-pending", str(MAX_PENDING), "--max-staleness", str(K),
-         "--json", "-q"], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+         "--json"], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     seen: list[int] = []
 
     def total() -> int:
