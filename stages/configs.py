@@ -137,20 +137,6 @@ class SyncConfig:
     notify_flavor: str = setting("vllm", "Server kind: vllm or sglang.")
 
 
-# The options of each stage command that are not stage settings (where the data is, how the command runs),
-# for the stages whose job options are not yet declared in stages/jobs.py (filter, train, sync are):
-# long name -> type (bool: a flag, "x/no-x" a flag with its negation; list: repeatable). With its config's
-# fields they are the command's whole vocabulary: `arlctl up` checks a recipe against both without loading
-# the CLI, and tests/cli/test_options.py fails if a command and these disagree.
-_RUNS = {"run": str, "watch": bool, "poll": float, "lock-wait": float, "json": bool, "dry-run": bool, "quiet": bool}
-COMMAND_OPTIONS: dict[str, dict[str, Any]] = {
-    "reward": {**_RUNS, "in": str, "out": str, "worker": str},
-    "eval": {**_RUNS, "out": str, "name": str, "policy": str, "tasks": list, "env": str, "env-opt": list,
-             "limit": int, "backend": str, "backend-opt": list, "server": list, "max-batch": int, "compare": str,
-             "force": bool},  # --compare takes two versions: a one-shot option, never a recipe's
-}
-
-
 @dataclass(frozen=True)
 class OptionKind:
     """What a recipe may give one option: its value type, and the spelling that turns a flag off."""
@@ -173,7 +159,8 @@ def stage_config(stage: str) -> type:
 
 
 def stage_vocabulary(stage: str) -> dict[str, OptionKind]:
-    """{long option without dashes: OptionKind} of `arlctl STAGE`, from its config and COMMAND_OPTIONS."""
+    """{long option without dashes: OptionKind} of `arlctl STAGE`, from its config and its job options
+    (stages/jobs.STAGE_OPTIONS: every stage has them; an unknown stage is a KeyError)."""
     import typing
 
     from arlctl.settings import options_of
@@ -185,9 +172,7 @@ def stage_vocabulary(stage: str) -> dict[str, OptionKind]:
         out[name] = OptionKind(type=base, field=field_name)
     from arlctl.stages.jobs import STAGE_OPTIONS
 
-    job = STAGE_OPTIONS.get(stage)
-    declared = COMMAND_OPTIONS[stage] if job is None else _declared(job)
-    for spelling, kind in declared.items():
+    for spelling, kind in _declared(STAGE_OPTIONS[stage]).items():
         name, _, negation = spelling.partition("/")
         out[name] = OptionKind(type=kind, negation=negation or None)
         if negation:

@@ -91,6 +91,15 @@ class RolloutOptions(RunOptions, PolicyOptions):
 
 
 @dataclass
+class RewardOptions(RunOptions):
+    """`arlctl reward` besides its scoring settings (stages/configs.RewardConfig)."""
+
+    in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
+    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    worker: str | None = setting(None, WORKER_HELP)
+
+
+@dataclass
 class FilterOptions(RunOptions):
     in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
     out_url: str | None = setting(None, "Output directory, local or a URL (default: the run's).", flag="--out")
@@ -117,6 +126,24 @@ class SyncOptions(RunOptions):
     policy_dir: str | None = setting(None, "Policy directory (default RUN/policy).")
 
 
-# The stages whose run options are declared here (the others are still listed in configs.COMMAND_OPTIONS).
-STAGE_OPTIONS: dict[str, type] = {"rollout": RolloutOptions, "filter": FilterOptions, "train": TrainOptions,
-                                  "sync": SyncOptions}
+@dataclass
+class EvalOptions(RunOptions, PolicyOptions):
+    """`arlctl eval` besides its sampling and grading settings (stages/eval.EvalConfig)."""
+
+    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    name: str = setting("heldout", "Name of the eval: RUN/evals/NAME/vNNNNNN.")
+    policy: str | None = setting(None, "HF dir, a policy directory (its LATEST), default, tiny (default: "
+                                 "RUN/policy). With --watch: the policy directory to follow, or a model evaluated "
+                                 "first.")
+    tasks: list[str] = setting(help="builtin:NAME?opts or a JSONL file (default builtin:ENV).", factory=list)
+    env: str | None = setting(None, "Environment of the tasks (default: each task's own, else math).")
+    env_opt: list[str] = setting(help="KEY=VALUE passed to the environment.", factory=list)
+    limit: int | None = setting(None, "Use only the first N tasks.")
+    compare: tuple[str, str] | None = setting(None, "Compare two evaluated versions of --name (e.g. v0 v40).",
+                                              metavar="VA VB")  # two values: a one-shot option, never a recipe's
+    force: bool = setting(False, "Evaluate again a version that has a summary.json.")
+
+
+# Every stage's run options, declared here (arlctl up checks recipes against them: configs.stage_vocabulary).
+STAGE_OPTIONS: dict[str, type] = {"rollout": RolloutOptions, "reward": RewardOptions, "filter": FilterOptions,
+                                  "train": TrainOptions, "sync": SyncOptions, "eval": EvalOptions}

@@ -9,19 +9,11 @@ from typing import Any
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.cli.options import (
-    DryRunOpt,
-    JsonOpt,
-    LockWaitOpt,
-    OutOpt,
-    PollOpt,
-    RunOpt,
-    WatchOpt,
-    config_command,
-)
+from arlctl.cli.options import config_command
 from arlctl.errors import TerminalError, UsageError
 from arlctl.render import plain
 from arlctl.stages.eval import EvalConfig
+from arlctl.stages.jobs import EvalOptions
 
 HELP = """Evaluate a policy on held-out tasks with the eval's own sampling: greedy (one answer per task at temperature 0, the default) and/or --samples K at --temperature for pass@k. The rows are rolled out and rewarded by the rollout and reward stages' own code and written as ordinary rewarded shards to RUN/evals/NAME/vNNNNNN/ (NNNNNN = the policy version), with summary.json last. Filter and train never read RUN/evals.
 
@@ -46,66 +38,38 @@ MODEL_SPECS = ("default", "tiny", "smollm2-135m")
 def register(app: typer.Typer) -> None:
     @app.command("eval", help=HELP)
     @handle_errors
-    @config_command(EvalConfig)
-    def eval_cmd(
-        cfg: EvalConfig,
-        policy: str = typer.Option(None, "--policy", help="HF dir, a policy directory (its LATEST), default, tiny "
-                                   "(default: RUN/policy). With --watch: the policy directory to follow, or a "
-                                   "model evaluated first."),
-        tasks: list[str] = typer.Option([], "--tasks", help="builtin:NAME?opts or a JSONL file (default builtin:ENV)."),
-        name: str = typer.Option("heldout", "--name", help="Name of the eval: RUN/evals/NAME/vNNNNNN."),
-        env: str = typer.Option(None, "--env", help="Environment of the tasks (default: each task's own, else math)."),
-        env_opt: list[str] = typer.Option([], "--env-opt", help="KEY=VALUE passed to the environment."),
-        limit: int = typer.Option(None, "--limit", help="Use only the first N tasks."),
-        backend: str = typer.Option("hf", "--backend", help="Inference backend: hf, vllm, openai."),
-        backend_opt: list[str] = typer.Option([], "--backend-opt", help="KEY=VALUE passed to the backend."),
-        server: list[str] = typer.Option([], "--server", help="openai backend: server URL (repeatable)."),
-        max_batch: int = typer.Option(32, "--max-batch", help="Sequences per forward pass (hf backend)."),
-        compare: tuple[str, str] | None = typer.Option(None, "--compare", metavar="VA VB",
-                                                help="Compare two evaluated versions of --name (e.g. v0 v40)."),
-        force: bool = typer.Option(False, "--force", help="Evaluate again a version that has a summary.json."),
-        run: RunOpt = None,
-        out: OutOpt = None,
-        watch: WatchOpt = False,
-        poll: PollOpt = 5.0,
-        lock_wait: LockWaitOpt = 0.0,
-        dry_run: DryRunOpt = False,
-        as_json: JsonOpt = False,
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
-    ) -> None:
-        from arlctl.io.run import resolve_io
-
-        _check_name(name)
-        _, root = resolve_io("eval", run, None, out)
-        if compare:
-            if watch:
-                raise UsageError("--compare and --watch exclude each other")
-            _compare(root, name, compare, as_json)
-            return
-        cfg.check()
-        job = _job(cfg, name, root, env, tasks, env_opt, limit, policy, backend, force)
-        follow, first = _policies(policy, run, watch)
-        backend_opts: dict[str, Any] = {"max_batch": max_batch, **_parse(backend_opt, "--backend-opt")}
-        if server:
-            backend_opts["servers"] = server
-        log = (lambda line: None) if quiet else (lambda line: console.print(plain(line), soft_wrap=True))
-        if dry_run:
-            _dry_run(job, follow, first, watch)
-            return
+    @config_command(EvalConfig, options=EvalOptions)
+    def eval_cmd(cfg: EvalConfig, opts: EvalOptions) -> None:
+        from arlctl.inference.loader import check_backend
         from arlctl.io.fs import join
         from arlctl.io.lock import RunLock
+        from arlctl.io.run import resolve_io
+        from arlctl.stages import policy_job
 
-        with RunLock(join(root, name), "eval", wait_s=lock_wait):
-            if watch:
-                _watch(job, follow, first, backend, backend_opts, poll, log, as_json)
+        _check_name(opts.name)
+        _, root = resolve_io("eval", opts.run, None, opts.out)
+        if opts.compare:
+            if opts.watch:
+                raise UsageError("--compare and --watch exclude each other")
+            _compare(root, opts.name, opts.compare, opts.as_json)
+            return
+        cfg.check()
+        job = _job(cfg, opts, root)
+        follow, first = _policies(opts.policy, opts.run, opts.watch)
+        check_backend(opts.backend)  # an unknown backend or a malformed --backend-opt: a usage error before any work
+        policy_job.backend_options(opts, None)
+        if opts.dry_run:
+            _dry_run(job, opts, follow, first)
+            return
+        with RunLock(join(root, opts.name), "eval", wait_s=opts.lock_wait):
+            if opts.watch:
+                _watch(job, opts, follow, first)
             else:
-                _once(job, first, backend, backend_opts, log, as_json)
+                _once(job, opts, first)
 
 
-def _parse(pairs: list[str], flag: str) -> dict[str, Any]:
-    from arlctl.settings import parse_env_options
-
-    return parse_env_options(pairs, flag)
+def _log(line: str) -> None:
+    console.print(plain(line), soft_wrap=True)  # progress lines: -q silences them with the rest of stderr
 
 
 def _check_name(name: str) -> None:
@@ -113,24 +77,34 @@ def _check_name(name: str) -> None:
         raise UsageError(f"--name must be a plain directory name (letters, digits, . _ -), got {name!r}")
 
 
-def _job(cfg: EvalConfig, name: str, root: str, env: str | None, tasks: list[str], env_opt: list[str],
-         limit: int | None, policy: str | None, backend: str, force: bool) -> Any:
+def _job(cfg: EvalConfig, opts: EvalOptions, root: str) -> Any:
     """The eval's tasks, envs (checked now) and reward, as one EvalJob."""
-    from arlctl.cli.reward import build
+    from arlctl.settings import parse_env_options
     from arlctl.stages.configs import RewardConfig
     from arlctl.stages.eval_job import EvalJob
+    from arlctl.stages.reward_job import build
     from arlctl.stages.rollout_job import EnvPicker, load_task_list
 
-    task_list, default_env = load_task_list(env, tasks, None, limit, cfg.seed)
+    task_list, default_env = load_task_list(opts.env, opts.tasks, None, opts.limit, cfg.seed)
     if not task_list:
         raise UsageError("no tasks to evaluate", hint="check --tasks and --limit")
-    options = _parse(env_opt, "--env-opt")
+    options = parse_env_options(opts.env_opt, "--env-opt")
     EnvPicker(options).check(task_list, default_env)  # unknown envs or options: a usage error before any work
     reward_cfg = RewardConfig(reward=cfg.reward, reward_opt=cfg.reward_opt)
     reward_cfg.check()
-    return EvalJob(cfg=cfg, name=name, root=root, tasks=task_list, env=default_env, env_options=options,
-                   reward=build(reward_cfg), sources=list(tasks) or [f"builtin:{default_env}"],
-                   policy_spec=policy or "", backend=backend, force=force)
+    return EvalJob(cfg=cfg, name=opts.name, root=root, tasks=task_list, env=default_env, env_options=options,
+                   reward=build(reward_cfg), sources=list(opts.tasks) or [f"builtin:{default_env}"],
+                   policy_spec=opts.policy or "", backend=opts.backend, force=opts.force)
+
+
+def _choose(opts: EvalOptions, spec: str) -> Any:
+    """`spec` resolved with eval's backend options (stages/policy_job.py): cheap, loads no model; a scripted
+    oracle:* spec is refused (an eval needs a model)."""
+    import dataclasses
+
+    from arlctl.stages import policy_job
+
+    return policy_job.choose(dataclasses.replace(opts, policy=spec), progress=False, scripted_ok=False)
 
 
 def _policies(policy: str | None, run: str | None, watch: bool) -> tuple[str | None, str | None]:
@@ -152,40 +126,29 @@ def _policies(policy: str | None, run: str | None, watch: bool) -> tuple[str | N
     return follow, policy if is_model else None
 
 
-def _loader(backend: str, opts: dict[str, Any]) -> Any:
-    def load(spec: str) -> Any:
-        from arlctl.inference.base import as_policy
-        from arlctl.inference.loader import load_policy
-
-        return as_policy(load_policy(spec, backend=backend, **dict(opts)))
-
-    return load
-
-
-def _once(job: Any, spec: str, backend: str, opts: dict[str, Any], log: Any, as_json: bool) -> None:
+def _once(job: Any, opts: EvalOptions, spec: str) -> None:
     from arlctl.cli.common import stop_on_signals
-    from arlctl.inference.loader import resolve_policy
+    from arlctl.stages import policy_job
     from arlctl.stages.eval_job import EvalResult, evaluate_version, read_summary
 
-    version = resolve_policy(spec, progress=False).version  # cheap: an evaluated version loads no model
+    choice = _choose(opts, spec)  # an evaluated version loads no model
+    version = choice.version
     existing = read_summary(job.version_dir(version))
     if existing is not None and not job.force:
         result = EvalResult(version, job.version_dir(version), existing, skipped=True)
     else:
-        load = _loader(backend, opts)
-
         async def main() -> Any:
             stop = stop_on_signals("stopping the eval; its version stays unevaluated")
-            pol = await asyncio.to_thread(load, spec)
+            pol = await asyncio.to_thread(lambda: policy_job.load(choice, run=opts.run))
             try:
-                log(f"eval {job.name}: v{pol.version} of {pol.name}, {len(job.tasks)} tasks, "
-                    f"{' + '.join(job.cfg.modes())}")
-                return await evaluate_version(job, pol, stop, log)
+                _log(f"eval {job.name}: v{pol.version} of {pol.name}, {len(job.tasks)} tasks, "
+                     f"{' + '.join(job.cfg.modes())}")
+                return await evaluate_version(job, pol, stop, _log)
             finally:
                 await pol.close()
 
         result = asyncio.run(main())
-    if as_json:
+    if opts.as_json:
         print_json(result.to_json())
     console.print(plain(result.summary_line()), soft_wrap=True)
     if result.summary is not None:
@@ -195,22 +158,22 @@ def _once(job: Any, spec: str, backend: str, opts: dict[str, Any], log: Any, as_
                             hint="run it again; the version starts from nothing")
 
 
-def _watch(job: Any, follow: str, first: str | None, backend: str, opts: dict[str, Any], poll: float, log: Any,
-           as_json: bool) -> None:
+def _watch(job: Any, opts: EvalOptions, follow: str, first: str | None) -> None:
     from arlctl.cli.common import stop_on_signals
+    from arlctl.stages import policy_job
     from arlctl.stages.eval_job import watch
 
-    if poll <= 0:
+    if opts.poll <= 0:
         raise UsageError("--poll must be positive")
-    log(f"eval {job.name}: following {follow}, every {job.cfg.every} version(s); Ctrl-C stops")
+    _log(f"eval {job.name}: following {follow}, every {job.cfg.every} version(s); Ctrl-C stops")
 
     async def main() -> Any:
         stop = stop_on_signals("stopping the eval watcher (an unfinished version stays unevaluated)")
-        return await watch(job, follow, _loader(backend, opts), stop, poll, first=first, log=log,
+        return await watch(job, follow, policy_job.loader(opts, opts.run), stop, opts.poll, first=first, log=_log,
                            on_result=lambda r: _print_result(r))
 
     result = asyncio.run(main())
-    if as_json:
+    if opts.as_json:
         print_json(result.to_json())
     console.print(plain(f"eval {job.name}: evaluated {len(result.to_json()['evaluated'])} version(s)"
                         + (f"; {len(result.failed)} could not be: "
@@ -238,16 +201,15 @@ def mode_table(summary: dict[str, Any]) -> Any:
     return table
 
 
-def _dry_run(job: Any, follow: str | None, first: str | None, watch: bool) -> None:
-    from arlctl.inference.loader import resolve_policy
+def _dry_run(job: Any, opts: EvalOptions, follow: str | None, first: str | None) -> None:
     from arlctl.stages.eval_job import due_versions, read_summary
 
     planned = []
     if first is not None:
-        version = resolve_policy(first, progress=False).version
+        version = _choose(opts, first).version
         if job.force or read_summary(job.version_dir(version)) is None:
             planned.append(version)
-    if watch:
+    if opts.watch:
         planned += [v for v, _ in due_versions(job, follow, set())]
     for version in planned:
         console.print(plain(f"would evaluate v{version}: {len(job.tasks)} tasks ({' + '.join(job.cfg.modes())}) "

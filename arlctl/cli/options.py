@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import types
+import typing
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -67,7 +69,7 @@ def config_parameters(config: type, skip: tuple[str, ...] = ()) -> list[inspect.
         if f.name in skip:
             continue
         decls = [f.metadata.get("flag") or flag_of(f)] + ([f.metadata["short"]] if f.metadata.get("short") else [])
-        option = typer.Option(*decls, help=f.metadata.get("help") or None)
+        option = typer.Option(*decls, help=f.metadata.get("help") or None, metavar=f.metadata.get("metavar"))
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=field_default(f),
                                         annotation=Annotated[types[f.name], option]))
     return params
@@ -99,9 +101,9 @@ def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
             quiet = kwargs.pop("quiet") if adds_quiet else bool(quiet_in_job and kwargs.get("quiet"))
-            built = {param: config(**_values(kwargs, names))}
+            built = {param: config(**_values(kwargs, names, config))}
             if options is not None:
-                built[options_param] = options(**_values(kwargs, job_names))
+                built[options_param] = options(**_values(kwargs, job_names, options))
             loud = console.quiet
             console.quiet = loud or quiet
             try:
@@ -122,10 +124,18 @@ def config_command(config: type, *, param: str = "cfg", skip: tuple[str, ...] = 
     return decorate
 
 
-def _values(kwargs: dict[str, Any], names: set[str]) -> dict[str, Any]:
-    """Pop the values of `names` out of a command's keyword arguments (click gives tuples for lists)."""
+def _values(kwargs: dict[str, Any], names: set[str], config: type) -> dict[str, Any]:
+    """Pop the values of `names` out of a command's keyword arguments (click gives tuples for lists; a
+    `tuple[...]` field, an option of several values such as eval's --compare VA VB, stays a tuple)."""
+    kinds = field_types(config)
     values = {name: kwargs.pop(name) for name in names if name in kwargs}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    return {k: list(v) if isinstance(v, tuple) and not _is_tuple(kinds[k]) else v for k, v in values.items()}
+
+
+def _is_tuple(kind: Any) -> bool:
+    """`tuple[...]` or `tuple[...] | None`."""
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    return any(typing.get_origin(k) is tuple for k in (typing.get_args(kind) if union else (kind,)))
 
 
 def _resolved(fn: Callable, p: inspect.Parameter) -> inspect.Parameter:

@@ -25,7 +25,7 @@ runner = CliRunner()
 def test_eval_writes_a_version_once_then_skips_it_unless_forced(tmp_path):
     run = str(tmp_path / "run")
     base = ["eval", "--run", run, "--policy", "tiny", "--tasks", TASKS, "--samples", "2", "--max-turns", "1",
-            "--max-new-tokens", "4", "--json", "-q"]
+            "--max-new-tokens", "4", "--json"]  # no -q: it reads "already evaluated" on stderr
     first = arlctl(*base)
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
@@ -38,9 +38,9 @@ def test_eval_writes_a_version_once_then_skips_it_unless_forced(tmp_path):
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["skipped"] and "already evaluated" in again.stderr
     assert scan(str(directory)).shards == shards
-    planned = runner.invoke(app, [*base[:-2], "--dry-run"])  # in-process: plans only, loads no model
+    planned = runner.invoke(app, [*base[:-1], "--dry-run"])  # in-process: plans only, loads no model
     assert planned.exit_code == 0 and "0 version(s) to evaluate" in planned.output
-    forced = runner.invoke(app, [*base[:-2], "--force", "--dry-run"])
+    forced = runner.invoke(app, [*base[:-1], "--force", "--dry-run"])
     assert forced.exit_code == 0 and "would evaluate v0" in forced.output, forced.output
 
 

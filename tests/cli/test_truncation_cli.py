@@ -121,7 +121,7 @@ def test_filter_truncated_drop_drops_and_counts(run):
 def test_eval_table_shows_the_truncated_rows(tmp_path):
     run = tmp_path / "run"
     result = runner.invoke(app, ["eval", "--run", str(run), "--policy", "tiny", "--tasks", "builtin:math?n=2&seed=7",
-                                 "--max-turns", "1", "--max-new-tokens", "2", "--json", "-q"])
+                                 "--max-turns", "1", "--max-new-tokens", "2", "--json"])  # no -q: it reads the table
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
     statuses = [r["status"] for s in list_shards(summary["directory"]) for r in read_shard(s).to_pylist()]
