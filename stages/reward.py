@@ -53,7 +53,7 @@ import pyarrow as pa
 from arlctl.envs.registry import Reward
 from arlctl.errors import CorruptShardError
 from arlctl.io.fs import basename, join
-from arlctl.io.ledger import consumed_inputs
+from arlctl.io.ledger import consuming_lineage
 from arlctl.io.partition import partition
 from arlctl.io.shards import Lineage, config_hash, quarantine, quarantine_rows, read_shard, scan, write_shard
 from arlctl.rewards.cache import RewardCache
@@ -90,6 +90,9 @@ class RewardSummary:
     interrupted: str | None = None  # a stop (SIGTERM) came during a shard: which one, left pending
     truncated: int = 0  # rows of status truncated, handled as on_truncated says
     on_truncated: str = "grade"
+    envs: set[str] = field(default_factory=set)  # the envs of the rows scored (a wrong --reward names them)
+    metrics: str | None = None  # the invocation's metrics row, once written (stages/reward_job.py)
+    other_reward: list[str] = field(default_factory=list)  # outputs kept from another reward's settings
 
     def add_causes(self, causes: dict[str, int]) -> None:
         for cause, count in causes.items():
@@ -101,7 +104,8 @@ class RewardSummary:
                 "mean_reward": (self.reward_sum / self.rewarded) if self.rewarded else None,
                 "corrupt": self.corrupt, "row_errors": self.row_errors, "error_causes": self.error_causes,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
-                "truncated": self.truncated, "on_truncated": self.on_truncated,
+                "truncated": self.truncated, "on_truncated": self.on_truncated, "envs": sorted(self.envs),
+                "other_reward": self.other_reward,
                 "interrupted": self.interrupted, "seconds": round(self.seconds, 3)}
 
     @property
@@ -118,9 +122,11 @@ class RewardSummary:
         for name in ("inputs_seen", "skipped_consumed", "rows", "reward_sum", "cache_hits", "cache_misses", "truncated"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.written += other.written
+        self.other_reward += other.other_reward
         self.corrupt += other.corrupt
         self.row_errors += other.row_errors
         self.add_causes(other.error_causes)
+        self.envs |= other.envs
         self.interrupted = self.interrupted or other.interrupted
         self.on_truncated = other.on_truncated
 
@@ -408,7 +414,7 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
     """
     start = time.monotonic()
     summary = RewardSummary(on_truncated=on_truncated)
-    done = consumed_inputs(out_url, same_name=True)  # 1:1: rewarded/X vouches only for rollouts/X
+    done = consuming_lineage(out_url, same_name=True)  # 1:1: rewarded/X vouches only for rollouts/X
     unreadable: list[CorruptShardError] = []
     cfg_hash = config_hash({"reward": reward.name, "version": reward.version}
                            | ({"overlong": list(overlong)} if overlong else {})
@@ -420,6 +426,10 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         summary.inputs_seen += 1
         if basename(shard) in done:
             summary.skipped_consumed += 1
+            if done[basename(shard)].config_hash != cfg_hash:  # kept, but not this reward's: say so
+                earlier = done[basename(shard)].extra
+                summary.other_reward.append(f"{basename(shard)} (rewarded with "
+                                            f"{earlier.get('reward_version') if isinstance(earlier, dict) else '?'})")
             continue
         try:
             table = read_shard(shard, bad_values="keep")  # bad values pass through to filter's invalid_values
@@ -448,6 +458,7 @@ def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurren
         summary.rows += rewarded.num_rows
         summary.reward_sum += sum(v for v in rewarded.column("reward").to_pylist() if v is not None)
         summary.truncated += rewarded.column("status").to_pylist().count("truncated")
+        summary.envs.update(str(env) for env in rewarded.column("env").to_pylist())
         summary.row_errors += row_errors(rewarded, shard)
         summary.add_causes(error_causes(rewarded))
         if dry_run:

@@ -24,8 +24,8 @@ from typing import Any
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.inference.base import Policy, as_policy
 from arlctl.io.fs import basename, join
-from arlctl.io.layout import metrics_dir_for
 from arlctl.io.ledger import WrittenSamples, written_samples
+from arlctl.io.run import metrics_dir_for
 from arlctl.io.shards import Lineage, config_hash
 from arlctl.io.sink import GroupShardWriter
 from arlctl.render import one_line
@@ -616,9 +616,8 @@ def _daemon_summary(follower: PolicyFollower | None, gate: Backpressure | None) 
 
 def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: str) -> str:
     """One row per rollout invocation in RUN/metrics: loop counters plus the backend's own counters."""
-    import pyarrow as pa
-
-    from arlctl.io.shards import shard_name, write_table_atomic
+    from arlctl.io.metrics import write_metrics_row
+    from arlctl.io.shards import shard_name
 
     row: dict[str, Any] = {"backend": backend}
     for key, value in summary.items():
@@ -629,4 +628,4 @@ def write_rollout_metrics(summary: dict[str, Any], metrics_dir: str, backend: st
     for key, value in (summary.get("backend_metrics") or {}).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             row[f"backend_{key}"] = float(value)
-    return write_table_atomic(pa.Table.from_pylist([row]), join(metrics_dir, shard_name("rollout")))
+    return write_metrics_row(row, metrics_dir, shard_name("rollout"))

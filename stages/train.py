@@ -66,8 +66,9 @@ import torch
 
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import ledger as run_ledger
-from arlctl.io.fs import basename, join
-from arlctl.io.shards import read_lineage, read_shard, scan, write_table_atomic
+from arlctl.io.fs import basename
+from arlctl.io.metrics import write_metrics_row
+from arlctl.io.shards import read_lineage, read_shard, scan
 from arlctl.rl import checkpoint as ckpt
 from arlctl.rl import distributed as dd
 from arlctl.rl import estimators
@@ -632,7 +633,7 @@ def _write_metrics(metrics_url: str, step: int, batch_name: str, metrics: dict[s
     row = {"step": step, "batch": batch_name, "time": time.time(),
            **{k: v if isinstance(v, str) else int(v) if k in COUNT_METRICS else float(v)
               for k, v in metrics.items() if k != "step"}}
-    write_table_atomic(pa.Table.from_pylist([row]), join(metrics_url, f"train-step-{step:06d}.parquet"))
+    write_metrics_row(row, metrics_url, f"train-step-{step:06d}.parquet")
 
 
 def _mean(values) -> float | None:

@@ -9,10 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.cli.daemon import run_stage
 from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.io.run import RunLayout, metrics_dir_for, resolve_io
+from arlctl.io.stage_loop import run_stage
 from arlctl.stages.configs import FilterConfig
 from arlctl.stages.jobs import FilterOptions
 

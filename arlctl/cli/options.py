@@ -41,7 +41,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)]
 # The option panels of a big command's --help (arlctl/cli/help.py), keyed by parameter name: each name is
 # declared in one panel, the same panel in every command; a name in none stays under "Options".
 PANELS: dict[str, tuple[str, ...]] = {
-    "Input and output": ("run", "in_", "in_url", "out", "out_url", "metrics", "tasks", "env", "env_mix", "env_opt",
+    "Input and output": ("run", "in_url", "out", "out_url", "metrics", "tasks", "env", "env_mix", "env_opt",
                          "limit", "prefix", "name", "policy_dir", "ckpt_dir", "current_version", "reward",
                          "reward_opt", "cache", "no_cache", "cache_flush_s", "quarantine"),
     "Policy and inference": ("policy", "backend", "backend_opt", "server", "servers_file", "max_batch",

@@ -1,32 +1,16 @@
-"""`arlctl reward`: score rollouts; 1:1 output shards; inputs already consumed are skipped."""
+"""`arlctl reward`: score rollouts; 1:1 output shards; inputs already consumed are skipped (the job:
+stages/reward_job.py)."""
 
 from __future__ import annotations
-
-import json
-import time
-from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.cli.daemon import run_stage
-from arlctl.cli.options import (
-    DryRunOpt,
-    InOpt,
-    JsonOpt,
-    LockWaitOpt,
-    OutOpt,
-    PollOpt,
-    RunOpt,
-    WatchOpt,
-    config_command,
-)
-from arlctl.cli.rollout import parse_env_options
-from arlctl.errors import TerminalError, TransientError, UsageError
-from arlctl.io.layout import metrics_dir_for, resolve_io
+from arlctl.cli.options import config_command
 from arlctl.render import plain
 from arlctl.stages.configs import RewardConfig
+from arlctl.stages.jobs import RewardOptions
 
 MAX_ROW_ERRORS_SHOWN = 10  # rows named on stderr per round; --json carries them all
 
@@ -59,163 +43,28 @@ A row whose task is not a JSON object, or that the reward function fails on, get
 def register(app: typer.Typer) -> None:
     @app.command("reward", help=HELP)
     @handle_errors
-    @config_command(RewardConfig)
-    def reward_cmd(
-        cfg: RewardConfig,
-        run: RunOpt = None,
-        in_: InOpt = None,
-        out: OutOpt = None,
-        dry_run: DryRunOpt = False,
-        worker: Annotated[str | None, typer.Option(
-            "--worker", help="I/N: take only worker I's share of the inputs (0-based).")] = None,
-        watch: WatchOpt = False,
-        poll: PollOpt = 5.0,
-        lock_wait: LockWaitOpt = 0.0,
-        as_json: JsonOpt = False,
-    ) -> None:
-        from arlctl.io.partition import parse_worker
-        from arlctl.stages import reward as stage
-        from arlctl.stages.reward import RewardIO, RewardResult
+    @config_command(RewardConfig, options=RewardOptions)
+    def reward_cmd(cfg: RewardConfig, opts: RewardOptions) -> None:
+        from arlctl.stages import reward_job
 
-        cfg.check()
-        in_, out = resolve_io("reward", run, in_, out, watch=watch)
-        shard = parse_worker(worker)
-        fn = build(cfg)
-        if not dry_run:
-            preflight_graders(cfg.reward, fn)
-        cache = open_cache(cfg, run, dry_run, fn)
-        io = RewardIO(in_url=in_, out=out, worker=shard, dry_run=dry_run)
-        total = RewardResult()
-
-        def once(stop) -> dict:
-            done = stage.run(cfg, io, stop, reward=fn, cache=cache)
-            total.merge(done)
-            for line in done.row_errors[:MAX_ROW_ERRORS_SHOWN]:
-                console.print(f"[yellow]no reward[/] {escape(line)}", soft_wrap=True)
-            if len(done.row_errors) > MAX_ROW_ERRORS_SHOWN:
-                console.print(f"[yellow]no reward[/] ... and {len(done.row_errors) - MAX_ROW_ERRORS_SHOWN} more rows "
-                              "(each has reward_info.error)")
-            return done.to_json()
-
-        started = time.monotonic()
-        run_stage(once, out=out, lock_name="reward" if shard[1] == 1 else f"reward-worker{shard[0]}of{shard[1]}",
-                  watch=watch, poll=poll, lock_wait=lock_wait, dry_run=dry_run,
-                  units=lambda summary: len(summary["written"]))
-        total.seconds = time.monotonic() - started
-        summary = total.to_json()
-        summary["reward_version"] = fn.version
-        summary["cache"] = None if cache is None else cache.url
-        summary["cache_warnings"] = [] if cache is None else cache.warnings
-        if not dry_run and total.rows:
-            summary["metrics"] = write_reward_metrics(total, fn.version, metrics_dir_for(out, run), cache is not None)
-        if as_json:
-            print_json(summary)
-        console.print(plain(total.summary_line(fn.version, out, dry_run, cache=cache is not None)), soft_wrap=True)
+        job = reward_job.plan_reward(cfg, opts)
+        for line in job.warnings:
+            console.print(f"[yellow]warning[/] {escape(line)}", soft_wrap=True)
+        total = reward_job.run_job(job, on_round=_show_row_errors)
+        if opts.as_json:
+            print_json(reward_job.summary(job, total))
+        console.print(plain(total.summary_line(job.reward.version, job.io.out, job.io.dry_run,
+                                               cache=job.cache is not None)), soft_wrap=True)
         for line in total.corrupt:
             console.print(f"[yellow]quarantined[/] {escape(line)}", soft_wrap=True)
-        if total.interrupted:  # a shard stopped half-way by SIGTERM: reported above, left pending
-            raise TransientError(total.interrupted, hint="re-run to reward it")
-        if total.rows and not total.rewarded:  # every row failed: a broken grader, not a 0 for the policy
-            raise TerminalError(f"no row got a reward: all {total.rows} failed; first: {total.row_errors[0]}",
-                                hint="run `arlctl doctor`; the rows are written with reward_info.error")
-        check_error_frac(total, cfg.max_error_frac)
+        error = reward_job.verdict(job, total)
+        if error is not None:
+            raise error
 
 
-def build(cfg: RewardConfig) -> Any:
-    """The reward --reward names: auto, a weighted sum, a reward server's URL, or one reward."""
-    from arlctl.rewards.composite import build_reward
-    from arlctl.stages.reward import AutoReward
-
-    if cfg.reward == "auto":
-        return AutoReward(per_env_options(parse_env_options(cfg.reward_opt, "--reward-opt")))
-    return build_reward(cfg.reward, cfg.reward_opt)
-
-
-def preflight_graders(spec: str, fn: Any) -> None:
-    """Sandboxed graders (swe: pytest in its sandbox; code: a bwrap sandbox per grade) must be able to run,
-    or every row fails: check it now (alone or in a sum)."""
-    from arlctl.rewards.composite import CompositeReward
-
-    parts = [(c.spec, c.reward) for c in fn.components] if isinstance(fn, CompositeReward) else [(spec, fn)]
-    for name, reward in parts:
-        if name not in ("swe", "code"):
-            continue
-        from arlctl.doctor import DoctorOptions, preflight, stage_checks
-
-        options = getattr(reward.score, "keywords", {})  # get_reward bound them with functools.partial
-        kind = str(options.get("sandbox") or "bwrap")
-        preflight(stage_checks(name, kind, grading=True), DoctorOptions(sandbox=kind, image=options.get("image")))
-
-
-def cached_versions(fn: Any) -> set[str] | None:
-    """The reward versions this invocation looks up: the cache keeps only those in memory (None: any,
-    for --reward auto, whose per-env rewards are found row by row)."""
-    from arlctl.rewards.composite import CompositeReward
-    from arlctl.stages.reward import AutoReward
-
-    if isinstance(fn, AutoReward):
-        return None
-    return {c.reward.version for c in fn.components} if isinstance(fn, CompositeReward) else {fn.version}
-
-
-def open_cache(cfg: RewardConfig, run: str | None, dry_run: bool, fn: Any) -> Any:
-    """The invocation's reward cache, read once: --cache, else RUN/reward-cache with --run, else none.
-    Many files (one is appended per shard) are merged into one first, unless this is a dry run."""
-    from arlctl.io.run import RunLayout
-    from arlctl.rewards.cache import RewardCache
-
-    url = None if cfg.no_cache else cfg.cache or (RunLayout(run).reward_cache if run else None)
-    if url is None:
-        return None
-    cache = RewardCache(url, versions=cached_versions(fn), flush_s=None if dry_run else cfg.cache_flush_s)
-    for line in cache.warnings:
-        console.print(f"[yellow]warning[/] {escape(line)}", soft_wrap=True)
-    if not dry_run:
-        cache.compact()
-    return cache
-
-
-def per_env_options(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """--reward-opt ENV.KEY=VALUE (for --reward auto) -> {env: {key: value}}."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in options.items():
-        env, dot, name = key.partition(".")
-        if not dot or not env or not name:
-            raise UsageError(f"with --reward auto, --reward-opt takes ENV.KEY=VALUE, got {key!r}",
-                             hint="e.g. --reward-opt swe.sandbox=docker (options go to that env's reward)")
-        out.setdefault(env, {})[name] = value
-    from arlctl.envs.registry import get_reward
-
-    for env, env_options in out.items():  # a wrong option is a usage error now, not on the first row
-        get_reward(env, **env_options)
-    return out
-
-
-def check_error_frac(total: Any, max_error_frac: float) -> None:
-    """Exit 1 (after the output is written) when too many rows got no reward; name the most common cause."""
-    errors = len(total.row_errors)
-    if not total.rows or errors / total.rows <= max_error_frac:
-        return
-    cause, count = max(total.error_causes.items(), key=lambda item: item[1]) if total.error_causes else ("?", errors)
-    raise TerminalError(f"{errors} of {total.rows} rows got no reward ({errors / total.rows:.0%} > --max-error-frac "
-                        f"{max_error_frac:g}); most common cause: {cause} ({count} rows); first: {total.row_errors[0]}",
-                        hint="the rows are written with reward_info.error; run `arlctl doctor` for infra: causes")
-
-
-def write_reward_metrics(total: Any, version: str, metrics_dir: str, cached: bool = False) -> str:
-    """One row per reward invocation in RUN/metrics (what `status` and `report` read); cache_hits and
-    cache_misses are null when the invocation used no cache."""
-    import pyarrow as pa
-
-    from arlctl.io.fs import join
-    from arlctl.io.shards import shard_name, write_table_atomic
-
-    row = {"reward_version": version, "rows": total.rows, "rewarded": total.rewarded,
-           "errors": len(total.row_errors), "seconds": float(total.seconds),
-           "mean_reward": (total.reward_sum / total.rewarded) if total.rewarded else None,
-           "error_causes": json.dumps(total.error_causes, sort_keys=True),
-           "cache_hits": total.cache_hits if cached else None, "cache_misses": total.cache_misses if cached else None}
-    schema = pa.schema([("reward_version", pa.string()), ("rows", pa.int64()), ("rewarded", pa.int64()),
-                        ("errors", pa.int64()), ("seconds", pa.float64()), ("mean_reward", pa.float64()),
-                        ("error_causes", pa.string()), ("cache_hits", pa.int64()), ("cache_misses", pa.int64())])
-    return write_table_atomic(pa.Table.from_pylist([row], schema=schema), join(metrics_dir, shard_name("reward")))
+def _show_row_errors(done) -> None:
+    for line in done.row_errors[:MAX_ROW_ERRORS_SHOWN]:
+        console.print(f"[yellow]no reward[/] {escape(line)}", soft_wrap=True)
+    if len(done.row_errors) > MAX_ROW_ERRORS_SHOWN:
+        console.print(f"[yellow]no reward[/] ... and {len(done.row_errors) - MAX_ROW_ERRORS_SHOWN} more rows "
+                      "(each has reward_info.error)")

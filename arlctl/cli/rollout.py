@@ -13,7 +13,6 @@ from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.render import plain, terminal_safe
-from arlctl.settings import parse_env_options  # noqa: F401  (cli/reward.py still imports it from here)
 from arlctl.stages.agent_loop import RolloutConfig
 from arlctl.stages.jobs import RolloutOptions
 from arlctl.stages.rollout_job import RolloutJob
@@ -66,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
 async def _run_with_progress(job, pol, quiet: bool):
     """run_rollout with Ctrl-C/SIGTERM as its stop (a second one kills) and a live progress bar."""
-    from arlctl.stages.rollout import Stats
+    from arlctl.stages.agent_loop import Stats
     from arlctl.stages.rollout_job import run_rollout
 
     stats, stop = Stats(), asyncio.Event()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.cli.daemon import run_stage
 from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.io.run import resolve_io
+from arlctl.io.stage_loop import run_stage
 from arlctl.stages.configs import SyncConfig
 from arlctl.stages.jobs import SyncOptions
 

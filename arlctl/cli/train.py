@@ -10,10 +10,10 @@ from typing import Any
 import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
-from arlctl.cli.daemon import run_stage
 from arlctl.cli.options import config_command
 from arlctl.errors import UsageError
 from arlctl.io.run import RunLayout, resolve_io
+from arlctl.io.stage_loop import run_stage
 from arlctl.rl.config import TrainConfig
 from arlctl.stages.jobs import TrainOptions
 

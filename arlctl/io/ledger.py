@@ -173,15 +173,22 @@ def consumed_inputs(out_url: str, same_name: bool = False, lineage_of: LineageOf
     `other.parquet` that lists `part-1.parquet` marks nothing consumed. Unreadable lineage counts for
     nothing; its shard's readers report it. lineage_of: a cached footer reader (status); default reads.
     """
+    return set(consuming_lineage(out_url, same_name, lineage_of))
+
+
+def consuming_lineage(out_url: str, same_name: bool = False, lineage_of: LineageOf | None = None) -> dict[str, Any]:
+    """{input basename: the lineage of the output shard that consumed it} (consumed_inputs' rule), so a stage
+    can tell an input consumed under its own settings from one consumed under others."""
     from arlctl.io.shards import scan
 
-    consumed: set[str] = set()
+    consumed: dict[str, Any] = {}
     for shard in scan(out_url).shards:
         lineage = _lineage(shard, lineage_of)
         if lineage is None or not isinstance(lineage.inputs, list):
             continue
         names = {basename(i) for i in lineage.inputs if isinstance(i, str)}
-        consumed.update(names & {basename(shard)} if same_name else names)
+        for name in sorted(names & {basename(shard)} if same_name else names):
+            consumed.setdefault(name, lineage)
     return consumed
 
 
@@ -393,7 +400,7 @@ def trained_batches(ckpt_dir: str | os.PathLike) -> list[str]:
 __all__ = [
     "LATEST", "MANIFEST_DIR", "STATE_FILE", "STEP_RE", "VERSION_FILE", "VERSION_RE", "checkpoint_dirs",
     "checkpoint_location",
-    "FilterLedger", "check_filter_lineage", "consumed_inputs", "filter_consumed", "has_latest", "latest_checkpoint",
+    "FilterLedger", "check_filter_lineage", "consumed_inputs", "consuming_lineage", "filter_consumed", "has_latest", "latest_checkpoint",
     "latest_url", "latest_version", "list_checkpoints", "list_versions", "manifest_url", "parse_version",
     "read_filter_manifests", "read_latest", "read_latest_raw", "read_state", "read_version_info",
     "remove_checkpoint", "remove_version", "state_saved_at", "step_dir_name", "trained_batches", "trainer_version",

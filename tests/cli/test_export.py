@@ -17,7 +17,6 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -25,7 +24,8 @@ import pytest
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
-from arlctl.cli.reward import write_reward_metrics
+from arlctl.stages.reward import RewardResult
+from arlctl.stages.reward_job import write_reward_metrics
 from arlctl.stages.rollout_job import write_rollout_metrics
 from arlctl.stages.train import _write_metrics
 
@@ -54,8 +54,7 @@ def run(tmp_path) -> Path:
                                "last_error": None, "error_causes": {}, "backend_metrics": {"busy_s": 1.25 + i}},
                               str(run / "metrics"), "hf")
         time.sleep(0.002)  # rollout names sort by their microsecond stamp
-    total = SimpleNamespace(rows=16, rewarded=15, row_errors=["x"], seconds=3.2, reward_sum=9.0, error_causes={},
-                            cache_hits=0, cache_misses=0)
+    total = RewardResult(rows=16, row_errors=["x"], seconds=3.2, reward_sum=9.0)
     write_reward_metrics(total, "math@1", str(run / "metrics"))
     for version, accuracy in ((0, 0.25), (2, 0.5)):
         where = run / "evals" / "gsm8k" / f"v{version:06d}"

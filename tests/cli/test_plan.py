@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
-from arlctl.cli.reward import write_reward_metrics
 from arlctl.io.shards import Lineage, write_shard
 from arlctl.plan import Prices, Rates, calibrate, ledger
 from arlctl.schemas.rows import TrajectoryRow, Turn, rows_to_table
+from arlctl.stages.reward import RewardResult
+from arlctl.stages.reward_job import write_reward_metrics
 from arlctl.stages.rollout_job import write_rollout_metrics
 from arlctl.stages.train import _write_metrics
 
@@ -50,8 +50,7 @@ def run(tmp_path):
     write_rollout_metrics({"trajectories": 2, "seconds": 4.0, "generated_tokens": 16, "last_error": None,
                            "error_causes": {}, "backend_metrics": {"generated_tokens": 16, "busy_s": 0.5}},
                           str(run / "metrics"), "hf")
-    total = SimpleNamespace(rows=2, rewarded=2, row_errors=[], seconds=1.0, reward_sum=1.0, error_causes={},
-                            cache_hits=0, cache_misses=0)
+    total = RewardResult(rows=2, row_errors=[], seconds=1.0, reward_sum=1.0)
     write_reward_metrics(total, "math@1", str(run / "metrics"))
     for step, seconds in ((1, 1.5), (2, 2.5)):
         _write_metrics(str(run / "metrics"), step, f"b{step}", {"rows": 2, "step_time_s": seconds, "tokens": 16,

@@ -1,4 +1,5 @@
-"""How every stage command runs once (cron) or as a daemon (--watch), under its run lock.
+"""How every stage runs once (cron) or as a daemon (--watch), under its run lock (no CLI here: a stage's
+job and `arlctl <stage>` both call it).
 
 `run_stage` takes the stage's `once(stop)` (process everything pending, return a summary) and:
   - holds a RunLock on the stage's output (per worker share), so two cron-launched copies never
