@@ -13,32 +13,16 @@ import json
 
 from typer.testing import CliRunner
 
-from arlctl import models
 from arlctl.cli.main import app
 from arlctl.envs.tasks import load_tasks
-from arlctl.inference.scripted import ScriptedPolicy
 from arlctl.io.shards import list_shards, read_shard
 from arlctl.stages.agent_loop import RolloutConfig
 from arlctl.stages.rollout_job import EnvPicker, RolloutJob, run_rollout
+from tests.stages.test_rollout_resume import CountingPolicy  # " yes", and Ctrl-C at call N
 
 TASKS = "builtin:first-token?n=4&seed=0"
 G = 4
 COLUMNS = ["trajectory_id", "group_id", "sample_index", "status"]
-
-
-class StoppingPolicy(ScriptedPolicy):
-    """Replies " yes"; the call numbered `stop_at` sets the stop event and never answers (Ctrl-C mid-group)."""
-
-    def __init__(self, stop: asyncio.Event, stop_at: int | None):
-        super().__init__(models.smollm2_tokenizer(), "scripted-yes", lambda prompt: " yes")
-        self.calls, self.stop, self.stop_at = 0, stop, stop_at
-
-    async def generate(self, prompt_ids, sampling):
-        self.calls += 1
-        if self.stop_at is not None and self.calls >= self.stop_at:
-            self.stop.set()
-            await asyncio.Event().wait()  # cancelled by the abort
-        return await super().generate(prompt_ids, sampling)
 
 
 def roll(out: str, stop_at: int | None = None):
@@ -51,7 +35,7 @@ def roll(out: str, stop_at: int | None = None):
 
     async def go():
         stop = asyncio.Event()
-        return await run_rollout(job, StoppingPolicy(stop, stop_at), stop, log=lambda line: None)
+        return await run_rollout(job, CountingPolicy(stop, stop_at), stop, log=lambda line: None)
 
     return asyncio.run(go())
 
