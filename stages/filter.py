@@ -391,7 +391,9 @@ def _where_mask(table: pa.Table, predicate: str) -> np.ndarray:
 
 
 def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tuple[list[pa.Table], int]:
-    """Pack surviving rows, whole groups in input order, into batches with advantage and weight filled.
+    """Pack surviving rows, whole groups, into batches with advantage and weight filled. Groups go oldest
+    policy version first, then by task and group id: the batches depend on what was rolled out, never on the
+    order rollout's groups happened to finish in (so a seeded run trains the same steps on any machine).
 
     Whole groups means whole trajectories too: a per-turn trajectory's rows always share a batch. The
     advantage (and the balance rule) sees one reward per trajectory, so a 10-turn trajectory is one sample
@@ -401,7 +403,10 @@ def pack_batches(table: pa.Table, weight: np.ndarray, cfg: FilterConfig) -> tupl
     """
     groups = table.column("group_id").to_pylist()
     ids = table.column("trajectory_id").to_pylist()
-    order = list(_group_rows(groups, np.arange(table.num_rows)).values())
+    versions = table.column("policy_version").to_pylist()
+    tasks = table.column("task_id").to_pylist()
+    order = sorted(_group_rows(groups, np.arange(table.num_rows)).values(),
+                   key=lambda g: (min(versions[i] for i in g), str(tasks[g[0]]), groups[g[0]]))
     sample_index = table.column("sample_index").to_numpy()
     first = first_turn_indices(table)
     batches, balanced = [], 0
