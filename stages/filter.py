@@ -85,6 +85,7 @@ import json
 import math
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -113,6 +114,7 @@ from arlctl.rl.advantages import (
 )
 from arlctl.schemas.values import BadValue, bad_rows, find_bad_values
 from arlctl.stages.configs import FilterConfig
+from arlctl.stages.jobs import FilterOptions
 from arlctl.stages.results import FilterIO, FilterResult
 from arlctl.stages.turn_credit import (
     trajectory_returns,
@@ -626,3 +628,51 @@ def run(cfg: FilterConfig, io: FilterIO, stop: threading.Event | None = None) ->
         now = run_ledger.trainer_version(io.policy_dir or None, io.ckpt_dir or None)
     return FilterResult.from_summary(run_filter(io.in_url, io.out, cfg, now, metrics_url=io.metrics,
                                                 dry_run=io.dry_run, quarantine_bad=io.quarantine))
+
+
+@dataclass
+class FilterJob:
+    """One `arlctl filter` invocation: the settings, where rows come from and go, and how it runs."""
+
+    cfg: FilterConfig
+    io: FilterIO
+    watch: bool = False
+    poll: float = 5.0
+    lock_wait: float = 0.0
+
+
+def plan_filter(cfg: FilterConfig, opts: FilterOptions) -> FilterJob:
+    """Check the settings, then the IO (a wrong setting is named before the IO is looked at); nothing is
+    written."""
+    from arlctl.io.run import RunLayout, metrics_dir_for, resolve_io
+
+    if opts.run is None and (opts.in_url is None or opts.out_url is None):
+        raise UsageError("give --in and --out, or --run RUN")
+    cfg.check()
+    in_url, out_url = resolve_io("filter", opts.run, opts.in_url, opts.out_url, watch=opts.watch)
+    layout = RunLayout(opts.run) if opts.run else None
+    io = FilterIO(in_url=in_url, out=out_url, metrics=opts.metrics or metrics_dir_for(out_url, opts.run),
+                  policy_dir=opts.policy_dir or (layout.policy if layout else None),
+                  ckpt_dir=opts.ckpt_dir or (layout.checkpoints if layout else None),
+                  current_version=opts.current_version, quarantine=opts.quarantine, dry_run=opts.dry_run)
+    return FilterJob(cfg=cfg, io=io, watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait)
+
+
+def run_job(job: FilterJob, on_round: Callable[[FilterResult], None] | None = None) -> list[FilterResult]:
+    """Filter what is pending (with --watch: every --poll s until SIGTERM/SIGINT) under the run lock; each
+    round's result, in order (`on_round` sees each as it ends)."""
+    from arlctl.io.stage_loop import run_stage
+
+    results: list[FilterResult] = []
+
+    def once(stop: Any) -> dict[str, Any]:
+        result = run(job.cfg, job.io, stop)
+        results.append(result)
+        if on_round is not None:
+            on_round(result)
+        return result.to_json()
+
+    run_stage(once, out=job.io.out, lock_name="filter", watch=job.watch, poll=job.poll, lock_wait=job.lock_wait,
+              dry_run=job.io.dry_run, units=lambda summary: len(summary["batches"]))
+    return results
+

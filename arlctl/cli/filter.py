@@ -10,9 +10,6 @@ from rich.table import Table
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import config_command
-from arlctl.errors import UsageError
-from arlctl.io.run import RunLayout, metrics_dir_for, resolve_io
-from arlctl.io.stage_loop import run_stage
 from arlctl.stages.configs import FilterConfig
 from arlctl.stages.jobs import FilterOptions
 
@@ -41,29 +38,16 @@ def register(app: typer.Typer) -> None:
     def filter_cmd(cfg: FilterConfig, opts: FilterOptions) -> None:
         # torch comes with the stage: import late so `arlctl --help` stays fast
         from arlctl.stages import filter as stage
-        from arlctl.stages.results import FilterIO
 
-        run, watch, as_json = opts.run, opts.watch, opts.as_json
-        if run is None and (opts.in_url is None or opts.out_url is None):
-            raise UsageError("give --in and --out, or --run RUN")
-        cfg.check()  # a wrong setting is named before the IO is looked at
-        in_url, out_url = resolve_io("filter", run, opts.in_url, opts.out_url, watch=watch)
-        layout = RunLayout(run) if run else None
-        io = FilterIO(in_url=in_url, out=out_url, metrics=opts.metrics or metrics_dir_for(out_url, run),
-                      policy_dir=opts.policy_dir or (layout.policy if layout else None),
-                      ckpt_dir=opts.ckpt_dir or (layout.checkpoints if layout else None),
-                      current_version=opts.current_version, quarantine=opts.quarantine, dry_run=opts.dry_run)
+        job = stage.plan_filter(cfg, opts)
 
-        def once(stop) -> dict:
-            result = stage.run(cfg, io, stop)
-            if result.inputs or not watch:
-                _render(result, io.out)
-                if as_json:
+        def show(result) -> None:
+            if result.inputs or not job.watch:
+                _render(result, job.io.out)
+                if opts.as_json:
                     print_json(result.to_json())
-            return result.to_json()
 
-        run_stage(once, out=io.out, lock_name="filter", watch=watch, poll=opts.poll, lock_wait=opts.lock_wait,
-                  dry_run=opts.dry_run, units=lambda summary: len(summary["batches"]))
+        stage.run_job(job, on_round=show)
 
 
 def _render(result: Any, out_url: str) -> None:

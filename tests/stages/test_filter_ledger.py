@@ -55,3 +55,27 @@ def test_an_interrupted_invocation_is_consumed_for_filter_and_waiting_for_status
     assert summary["inputs"] == [] and len(summary["recovered"]) == 2  # the invocation's batches, one new
     assert len(list_shards(batches)) == 2 and first in list_shards(batches)
     assert filter_consumed(batches) == {"a.parquet"} and backlog(str(run))["rewarded"] == 0
+
+
+def test_the_filter_job_runs_as_the_command_does_and_checks_before_writing(tmp_path):
+    import pytest
+
+    from arlctl.errors import UsageError
+    from arlctl.stages.filter import plan_filter
+    from arlctl.stages.filter import run_job as run_filter_job
+    from arlctl.stages.jobs import FilterOptions
+
+    run = tmp_path / "run"
+    rewarded_shard(run)
+    with pytest.raises(UsageError, match="--batch-groups"):  # a wrong setting before the IO is looked at
+        plan_filter(FilterConfig(batch_groups=0), FilterOptions(in_url=str(tmp_path / "nowhere"), out_url="x"))
+    with pytest.raises(UsageError, match="--in and --out"):
+        plan_filter(FilterConfig(), FilterOptions(in_url=str(run / "rewarded")))
+    job = plan_filter(FilterConfig(batch_groups=1), FilterOptions(run=str(run)))
+    assert (job.io.in_url, job.io.out) == (str(run / "rewarded"), str(run / "batches"))
+    assert job.io.metrics == str(run / "metrics") and job.io.policy_dir == str(run / "policy")
+    first, = run_filter_job(job)
+    assert first.inputs and first.batches and sorted(Path(b).name for b in first.batches) == \
+        sorted(p.name for p in (run / "batches").glob("batch-*.parquet"))
+    again, = run_filter_job(job)  # everything consumed: nothing new, the same batches
+    assert again.inputs == [] and again.batches == []
