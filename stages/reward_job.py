@@ -104,7 +104,10 @@ def verdict(job: RewardJob, total: RewardResult) -> Exception | None:
         return TerminalError(f"no row got a reward: all {total.rows} failed; first: {total.row_errors[0]}",
                              hint=_no_reward_hint(job, total))
     failed = error_frac(total, job.cfg.max_error_frac)
-    if failed is None and total.other_reward:  # kept as they are: this reward would have scored them otherwise
+    # Outputs kept from other settings are named (a warning) when this invocation rewarded something else too
+    # (new shards under new settings into one directory is a way to work); when it rewarded nothing, the
+    # settings asked for were applied to nothing: an error, not "skipped N already consumed".
+    if failed is None and total.other_reward and not total.written and not job.watch:
         n = len(total.other_reward)
         return TerminalError(f"{n} input shard(s) were rewarded earlier with other reward settings and are kept as they "
                              f"are, not scored with {job.reward.version}: {', '.join(total.other_reward[:3])}"

@@ -38,7 +38,7 @@ The reward cache: a row already scored under the same reward_version (options, r
 
 A row whose task is not a JSON object, or that the reward function fails on, gets reward = null and reward_info {"error": cause}, named on stderr; its shard is still written. An unreadable input shard is reported (exit 1) after the others are rewarded; --quarantine moves it to _quarantine/ instead. When no row got a reward, or more than --max-error-frac of the rows got none, the command exits 1 naming the most common cause, after writing its output. A reward server that cannot be reached, does not answer within $ARLCTL_REWARD_TIMEOUT_S seconds (default 900, one deadline per request over connect, headers and body) or answers anything but a JSON object exits 75 (retry later) naming the server, with its shard still pending; answers are read up to $ARLCTL_MAX_REWARD_ANSWER_BYTES (256 MiB), and only JSON numbers are rewards. SIGTERM stops at the next row: a shard stopped half-way is not written. One metrics row per invocation goes to RUN/metrics/reward-*.parquet: rows, rewarded, errors, seconds, error_causes (JSON {cause: rows}; "infra:" causes are the grader's, not the policy's), cache_hits, cache_misses, truncated and on_truncated.
 
-Each output records the reward settings it was scored with: an input whose output was scored with other settings (another --reward, --reward-opt, --on-truncated) is kept as it is and named, and the command exits 1: give a new --out to score it with these.
+Each output records the reward settings it was scored with: an input whose output was scored with other settings (another --reward, --reward-opt, --on-truncated) is kept as it is and named; when nothing else was rewarded the command exits 1: give a new --out to score it with these.
 """
 
 
@@ -59,6 +59,11 @@ def register(app: typer.Typer) -> None:
                                                cache=job.cache is not None)), soft_wrap=True)
         for line in total.corrupt:
             console.print(f"[yellow]quarantined[/] {escape(line)}", soft_wrap=True)
+        if total.other_reward:
+            console.print(f"[yellow]warning[/] kept as they are, rewarded earlier with other settings: "
+                          f"{escape(', '.join(total.other_reward[:5]))}"
+                          + (f" and {len(total.other_reward) - 5} more" if len(total.other_reward) > 5 else ""),
+                          soft_wrap=True)
         error = reward_job.verdict(job, total)
         if error is not None:
             raise error
