@@ -17,6 +17,8 @@ WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM
 POLL_HELP = "Seconds between polls with --watch."
 LOCK_WAIT_HELP = "Seconds to wait for another copy of this stage on the same output to finish."
 QUIET_HELP = "Print nothing on stderr but errors (the exit code and --json are unchanged)."
+IN_HELP = "Input shard directory (default: the run's)."
+OUT_HELP = "Output directory, local or a URL (default: the run's)."
 WORKER_HELP = "I/N: take only worker I's share of the inputs (0-based)."
 
 
@@ -59,7 +61,7 @@ class PolicyOptions:
 class RolloutOptions(RunOptions, PolicyOptions):
     """`arlctl rollout` besides its loop settings (stages/agent_loop.RolloutConfig)."""
 
-    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    out: str | None = setting(None, OUT_HELP)
     env: str | None = setting(None, "Environment: math, swe, a plugin name or module:factory (default: each task's "
                               "own \"env\" field, else math).")
     tasks: list[str] = setting(help="builtin:NAME?opts or a JSONL file (default builtin:ENV); with --env-mix, "
@@ -94,15 +96,15 @@ class RolloutOptions(RunOptions, PolicyOptions):
 class RewardOptions(RunOptions):
     """`arlctl reward` besides its scoring settings (stages/configs.RewardConfig)."""
 
-    in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
-    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    in_url: str | None = setting(None, IN_HELP, flag="--in")
+    out: str | None = setting(None, OUT_HELP)
     worker: str | None = setting(None, WORKER_HELP)
 
 
 @dataclass
 class FilterOptions(RunOptions):
-    in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
-    out_url: str | None = setting(None, "Output directory, local or a URL (default: the run's).", flag="--out")
+    in_url: str | None = setting(None, IN_HELP, flag="--in")
+    out_url: str | None = setting(None, OUT_HELP, flag="--out")
     metrics: str | None = setting(None, "Metrics directory (default RUN/metrics).")
     policy_dir: str | None = setting(None, "Policy dir whose LATEST is the current version.")
     ckpt_dir: str | None = setting(None, "Checkpoint dir; its newest step also counts.")
@@ -112,8 +114,8 @@ class FilterOptions(RunOptions):
 
 @dataclass
 class TrainOptions(RunOptions):
-    in_url: str | None = setting(None, "Input shard directory (default: the run's).", flag="--in")
-    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    in_url: str | None = setting(None, IN_HELP, flag="--in")
+    out: str | None = setting(None, OUT_HELP)
     policy: str | None = setting(None, "Initial weights: HF dir, policy dir or model name.")
     metrics: str | None = setting(None, "Metrics directory (default RUN/metrics).")
     resume: bool = setting(True, "Continue from the newest checkpoint.", flag="--resume/--no-resume")
@@ -130,7 +132,7 @@ class SyncOptions(RunOptions):
 class EvalOptions(RunOptions, PolicyOptions):
     """`arlctl eval` besides its sampling and grading settings (stages/eval.EvalConfig)."""
 
-    out: str | None = setting(None, "Output directory, local or a URL (default: the run's).")
+    out: str | None = setting(None, OUT_HELP)
     name: str = setting("heldout", "Name of the eval: RUN/evals/NAME/vNNNNNN.")
     policy: str | None = setting(None, "HF dir, a policy directory (its LATEST), default, tiny (default: "
                                  "RUN/policy). With --watch: the policy directory to follow, or a model evaluated "

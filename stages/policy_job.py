@@ -56,14 +56,20 @@ def is_scripted(spec: str) -> bool:
     return spec.startswith("oracle:")
 
 
+def check(opts: PolicyOptions) -> None:
+    """The backend options, checked before anything is resolved (a usage error names what is wrong): what
+    choose checks first, and what a command that resolves its spec later (eval --watch) checks up front."""
+    check_backend(opts.backend)
+    backend_options(opts, None)  # a malformed --backend-opt
+    if opts.max_batch < 1:
+        raise UsageError(f"--max-batch must be at least 1, got {opts.max_batch}")
+
+
 def choose(opts: PolicyOptions, *, progress: bool = True, scripted_ok: bool = True) -> PolicyChoice:
     """Check the options and resolve the spec (a usage error names what is wrong); nothing is loaded yet.
 
     scripted_ok=False: a command that needs a model (eval, serve) refuses an oracle:* spec here."""
-    check_backend(opts.backend)
-    backend_options(opts, None)  # a malformed --backend-opt is named before anything is resolved
-    if opts.max_batch < 1:
-        raise UsageError(f"--max-batch must be at least 1, got {opts.max_batch}")
+    check(opts)
     if not opts.policy:
         raise UsageError("no policy given", hint="pass --policy (a model, an HF directory or RUN/policy)")
     if is_scripted(opts.policy):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from arlctl.errors import TerminalError, TransientError, UsageError
@@ -29,12 +29,15 @@ class RewardJob:
     io: RewardIO
     reward: Any  # a Scorer or AutoReward (build)
     cache: Any = None  # the invocation's RewardCache, opened once (None: no cache)
-    run: str | None = None
     metrics_dir: str | None = None
     watch: bool = False
     poll: float = 5.0
     lock_wait: float = 0.0
-    warnings: list[str] = field(default_factory=list)  # the cache's, for the caller to show
+
+    @property
+    def warnings(self) -> list[str]:
+        """What opening the cache found (for the caller to show)."""
+        return [] if self.cache is None else list(self.cache.warnings)
 
     @property
     def lock_name(self) -> str:
@@ -56,9 +59,8 @@ def plan_reward(cfg: RewardConfig, opts: RewardOptions) -> RewardJob:
         preflight_graders(cfg.reward, fn)
     cache = open_cache(cfg, opts.run, opts.dry_run, fn)
     return RewardJob(cfg=cfg, io=RewardIO(in_url=in_url, out=out, worker=worker, dry_run=opts.dry_run),
-                     reward=fn, cache=cache, run=opts.run, metrics_dir=metrics_dir_for(out, opts.run),
-                     watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait,
-                     warnings=[] if cache is None else list(cache.warnings))
+                     reward=fn, cache=cache, metrics_dir=metrics_dir_for(out, opts.run),
+                     watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait)
 
 
 def run_job(job: RewardJob, on_round: Callable[[RewardResult], None] | None = None) -> RewardResult:
@@ -90,7 +92,7 @@ def summary(job: RewardJob, total: RewardResult) -> dict[str, Any]:
     out = total.to_json()
     out["reward_version"] = job.reward.version
     out["cache"] = None if job.cache is None else job.cache.url
-    out["cache_warnings"] = list(job.warnings)
+    out["cache_warnings"] = job.warnings
     if total.metrics is not None:
         out["metrics"] = total.metrics
     return out

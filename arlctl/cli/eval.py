@@ -40,7 +40,6 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     @config_command(EvalConfig, options=EvalOptions)
     def eval_cmd(cfg: EvalConfig, opts: EvalOptions) -> None:
-        from arlctl.inference.loader import check_backend
         from arlctl.io.fs import join
         from arlctl.io.lock import RunLock
         from arlctl.io.run import resolve_io
@@ -56,8 +55,7 @@ def register(app: typer.Typer) -> None:
         cfg.check()
         job = _job(cfg, opts, root)
         follow, first = _policies(opts.policy, opts.run, opts.watch)
-        check_backend(opts.backend)  # an unknown backend or a malformed --backend-opt: a usage error before any work
-        policy_job.backend_options(opts, None)
+        policy_job.check(opts)  # a wrong backend, --backend-opt or --max-batch: a usage error before any work
         if opts.dry_run:
             _dry_run(job, opts, follow, first)
             return

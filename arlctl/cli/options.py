@@ -24,14 +24,8 @@ import typer
 
 from arlctl.cli.common import console
 from arlctl.settings import cli_fields, field_default, field_types, flag_of
-from arlctl.stages.jobs import LOCK_WAIT_HELP, POLL_HELP, QUIET_HELP, WATCH_HELP, RunOptions
+from arlctl.stages.jobs import LOCK_WAIT_HELP, QUIET_HELP, RunOptions
 
-RunOpt = Annotated[str | None, typer.Option("--run", help="Run directory that fills the defaults.")]
-InOpt = Annotated[str | None, typer.Option("--in", help="Input shard directory (default: the run's).")]
-OutOpt = Annotated[str | None, typer.Option("--out", help="Output directory, local or a URL (default: the run's).")]
-MetricsOpt = Annotated[str | None, typer.Option("--metrics", help="Metrics directory (default RUN/metrics).")]
-WatchOpt = Annotated[bool, typer.Option("--watch", help=WATCH_HELP)]
-PollOpt = Annotated[float, typer.Option("--poll", help=POLL_HELP)]
 LockWaitOpt = Annotated[float, typer.Option("--lock-wait", help=LOCK_WAIT_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would happen; write nothing.")]
