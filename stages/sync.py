@@ -25,8 +25,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import ledger, store
@@ -34,6 +36,9 @@ from arlctl.io.ledger import VERSION_FILE, list_versions, read_version_info, ver
 from arlctl.rl import checkpoint as ckpt
 from arlctl.stages.configs import SyncConfig
 from arlctl.stages.results import SyncIO, SyncResult
+
+if TYPE_CHECKING:
+    from arlctl.stages.jobs import SyncOptions
 
 TRAINER_ONLY = set(ckpt.TRAINER_ONLY)
 
@@ -156,4 +161,62 @@ def prune(policy_dir: Path | str, keep: int) -> list[str]:
 
 def run(cfg: SyncConfig, io: SyncIO, stop: threading.Event | None = None) -> SyncResult:
     """The stage's entry point: one `sync` (a single publish is its unit, so `stop` has nothing to cut)."""
+    cfg.check()
     return SyncResult.from_summary(sync(io.ckpt, io.policy_dir, keep=cfg.keep, dry_run=io.dry_run))
+
+
+@dataclass
+class SyncJob:
+    """One `arlctl sync` invocation: the settings, the checkpoints it reads and the policy dir it writes, and
+    how it runs."""
+
+    cfg: SyncConfig
+    io: SyncIO
+    watch: bool = False
+    poll: float = 5.0
+    lock_wait: float = 0.0
+
+
+def plan_sync(cfg: SyncConfig, opts: SyncOptions) -> SyncJob:
+    """Check the settings, then the IO (--ckpt/--policy-dir or --run); nothing is written."""
+    from arlctl.io.run import resolve_io
+
+    if opts.run is None and (opts.ckpt is None or opts.policy_dir is None):
+        raise UsageError("give --ckpt and --policy-dir, or --run RUN")
+    cfg.check()  # a wrong setting is named before the IO is looked at
+    ckpt_dir, policy_dir = resolve_io("sync", opts.run, opts.ckpt, opts.policy_dir, watch=opts.watch,
+                                      flags=("--ckpt", "--policy-dir"))
+    io = SyncIO(ckpt=ckpt_dir, policy_dir=policy_dir, dry_run=opts.dry_run)
+    return SyncJob(cfg=cfg, io=io, watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait)
+
+
+def run_job(job: SyncJob, on_round: Callable[[SyncResult], None] | None = None) -> list[SyncResult]:
+    """Publish what is new (with --watch: every --poll s until SIGTERM/SIGINT) under the run lock, then ask
+    the --notify servers to load a version that became LATEST; each round's result, in order (`on_round`
+    sees each as it ends, before a failed notify raises TransientError naming the servers that failed)."""
+    from arlctl.io.stage_loop import run_stage
+
+    results: list[SyncResult] = []
+
+    def once(stop: Any) -> dict[str, Any]:
+        result = run(job.cfg, job.io, stop)
+        results.append(result)
+        notify = (job.cfg.notify and result.version is not None and not job.io.dry_run and not result.stale
+                  and (not job.watch or result.latest_updated))
+        try:
+            if notify:
+                import asyncio
+
+                from arlctl.inference.openai import notify_reload
+
+                result.notified = asyncio.run(notify_reload(job.cfg.notify, str(result.path),
+                                                            flavor=job.cfg.notify_flavor))
+        finally:  # the publication is shown even when a server failed to reload it
+            if on_round is not None:
+                on_round(result)
+        return result.to_json()
+
+    run_stage(once, out=job.io.policy_dir, lock_name="sync", watch=job.watch, poll=job.poll,
+              lock_wait=job.lock_wait, dry_run=job.io.dry_run,
+              units=lambda summary: int(bool(summary.get("latest_updated"))))
+    return results

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from typing import Any
 
@@ -11,9 +9,6 @@ import typer
 
 from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.cli.options import config_command
-from arlctl.errors import UsageError
-from arlctl.io.run import RunLayout, resolve_io
-from arlctl.io.stage_loop import run_stage
 from arlctl.rl.config import TrainConfig
 from arlctl.stages.jobs import TrainOptions
 
@@ -48,103 +43,26 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     @config_command(TrainConfig, options=TrainOptions)
     def train_cmd(cfg: TrainConfig, opts: TrainOptions) -> None:
-        # torch comes with the stage: import late so `arlctl --help` stays fast
-        from arlctl.stages import train as stage
-        from arlctl.stages.results import TrainIO
+        from arlctl.stages import train_job
 
-        run, watch, as_json = opts.run, opts.watch, opts.as_json
-        if run is None and (opts.in_url is None or opts.out is None):
-            raise UsageError("give --in and --out, or --run RUN")
-        cfg.check()  # a wrong setting is named before the IO is looked at
-        in_url, out = resolve_io("train", run, opts.in_url, opts.out, watch=watch)
-        if opts.nproc:
-            raise typer.Exit(_launch_torchrun(opts.nproc))
-        layout = RunLayout(run) if run else None
-        io = TrainIO(in_url=in_url, out=out, policy=opts.policy,
-                     metrics=opts.metrics or (layout.metrics if layout else None), resume=opts.resume)
-        if opts.dry_run:
-            _dry_run(stage.plan(cfg, io), cfg, io, as_json)
-            return
+        job = train_job.plan_train(cfg, opts)
+        if job.nproc:
+            raise typer.Exit(train_job.launch_ranks(job.nproc, sys.argv[1:],
+                                                    say=lambda line: console.print(line, markup=False, soft_wrap=True)))
 
-        main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
-
-        def once(stop) -> dict:
-            result = stage.run(cfg, io, stop, on_step=_line, keep=watch)
-            if not main_rank:
-                return result.to_json()
-            if result.steps or not watch:
+        def show(result: Any) -> None:
+            if job.dry_run:
+                _dry_run(result, cfg, job.io, opts.as_json)
+                return
+            if result.steps or not job.watch:
                 console.print(result.summary_line())
             if result.skipped_nonfinite or result.rows_dropped_invalid:
                 console.print(f"[yellow]warning:[/] {result.skipped_nonfinite} steps skipped and "
                               f"{result.rows_dropped_invalid} rows dropped for bad values")
-            if as_json and (result.steps or not watch):
+            if opts.as_json and (result.steps or not job.watch):
                 print_json(result.to_json())
-            return result.to_json()
 
-        from arlctl.rl.distributed import launched_by_torchrun
-
-        ranks = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
-        if ranks > 1:
-            _run_ranks(stage, once, io, watch, opts.poll, opts.lock_wait)
-            return
-        try:
-            run_stage(once, out=io.out, lock_name="train", watch=watch, poll=opts.poll, lock_wait=opts.lock_wait,
-                      units=lambda summary: summary["steps"])
-        finally:
-            stage.finish(io.out, io.policy)
-
-
-def _launch_torchrun(nproc: int) -> int:
-    """`arlctl train --nproc N ...`: the same command under torchrun on this machine; returns its exit code."""
-    import subprocess
-
-    if nproc < 1:
-        raise UsageError("--nproc must be >= 1")
-    args, skip = [], False
-    for arg in sys.argv[1:]:  # this command line without --nproc N
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            args.append(arg)
-    env = dict(os.environ)
-    if nproc > 1:
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    # `-m --`: torchrun's own parser would take train's `--run` as an abbreviation of its `--run-path`.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "--", "arlctl.cli.main", *args]
-    console.print(f"launching: {' '.join(cmd[2:])}", markup=False, soft_wrap=True)
-    return subprocess.call(cmd, env=env)
-
-
-def _run_ranks(stage: Any, once: Any, io: Any, watch: bool, poll: float, lock_wait: float) -> None:
-    """One rank of a torchrun world: rank 0 holds the run lock; every rank runs each cycle (they agree on
-    stopping at every step boundary, so a SIGTERM seen by one rank stops them all); the trainer's last state
-    is checkpointed at the end."""
-    import threading
-
-    from arlctl.io.lock import RunLock
-    from arlctl.io.watch import GracefulStop
-    from arlctl.rl.distributed import init_dist
-
-    d = init_dist()
-    stop = threading.Event()
-    lock = RunLock(io.out, "train", wait_s=lock_wait) if d.is_main else contextlib.nullcontext()
-    with lock, GracefulStop(stop):
-        try:
-            while True:
-                summary = once(stop)
-                if not watch or d.any(stop.is_set()):
-                    break
-                if not summary["steps"]:
-                    stop.wait(poll)
-            stage.finish(io.out, io.policy)
-        finally:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        train_job.run_job(job, on_step=_line, on_round=show)
 
 
 def _dry_run(plan: Any, cfg: TrainConfig, io: Any, as_json: bool) -> None:

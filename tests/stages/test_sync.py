@@ -113,3 +113,37 @@ def test_cli(tmp_path):
     # the publish stands; the unreachable server is a transient failure (exit 75) that names it
     assert notify.exit_code == 75 and dead in notify.output
     assert read_latest(run / "policy") == "v000007"
+
+
+def test_the_job_checks_before_writing_and_a_failed_notify_still_shows_the_publication(tmp_path):
+    import pytest
+
+    from arlctl.errors import TransientError, UsageError
+    from arlctl.stages.configs import SyncConfig
+    from arlctl.stages.jobs import SyncOptions
+    from arlctl.stages.sync import plan_sync, run_job
+
+    with pytest.raises(UsageError, match="--keep"):  # a wrong setting before the IO is looked at
+        plan_sync(SyncConfig(keep=0), SyncOptions(ckpt=str(tmp_path / "nowhere"), policy_dir="x"))
+    with pytest.raises(UsageError, match="--notify-flavor"):
+        plan_sync(SyncConfig(notify_flavor="tgi"), SyncOptions(ckpt=str(tmp_path), policy_dir="x"))
+    with pytest.raises(UsageError, match="--ckpt and --policy-dir"):
+        plan_sync(SyncConfig(), SyncOptions(ckpt=str(tmp_path)))
+    with pytest.raises(UsageError, match="does not exist"):
+        plan_sync(SyncConfig(), SyncOptions(run=str(tmp_path / "typo")))
+    assert not (tmp_path / "typo").exists()
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoints", 1)
+    job = plan_sync(SyncConfig(), SyncOptions(run=str(run)))
+    assert (job.io.ckpt, job.io.policy_dir) == (str(run / "checkpoints"), str(run / "policy"))
+    first, = run_job(job)
+    assert first.version == 1 and first.latest_updated and read_latest(run / "policy") == "v000001"
+    again, = run_job(job)
+    assert not again.published and not again.latest_updated
+    fake_checkpoint(run / "checkpoints", 2)
+    seen = []
+    dead = plan_sync(SyncConfig(notify=["http://127.0.0.1:9"]), SyncOptions(run=str(run)))  # nothing listens
+    with pytest.raises(TransientError, match="127.0.0.1:9"):
+        run_job(dead, on_round=seen.append)
+    assert [r.version for r in seen] == [2] and seen[0].notified is None
+    assert read_latest(run / "policy") == "v000002"  # published; the server that failed is named

@@ -186,3 +186,35 @@ def test_cli_trains_and_prints_json(tmp_path):
     assert list((run / "metrics").glob("train-*.parquet"))
     bad = CliRunner().invoke(app, ["train", "--run", str(run), "--loss-agg", "sum"])
     assert bad.exit_code == 2
+
+
+def test_the_job_checks_before_writing_and_trains_what_is_pending(tmp_path):
+    from arlctl.errors import UsageError
+    from arlctl.stages.jobs import TrainOptions
+    from arlctl.stages.train_job import plan_train, run_job
+
+    with pytest.raises(UsageError, match="--loss-agg"):  # a wrong setting before the IO is looked at
+        plan_train(TrainConfig(loss_agg="sum"), TrainOptions(in_url=str(tmp_path / "nowhere"), out="x"))
+    with pytest.raises(UsageError, match="--in and --out"):
+        plan_train(TrainConfig(), TrainOptions(in_url=str(tmp_path)))
+    with pytest.raises(UsageError, match="--nproc"):
+        plan_train(TrainConfig(), TrainOptions(run=str(tmp_path), nproc=-1))
+    with pytest.raises(UsageError, match="does not exist"):  # a typo'd run is not created
+        plan_train(TrainConfig(), TrainOptions(run=str(tmp_path / "typo")))
+    assert not (tmp_path / "typo").exists()
+    run = tmp_path / "run"
+    make_batches(run, 2)
+    opts = dict(run=str(run), policy=str(tiny_model_dir()))
+    planned, = run_job(plan_train(TrainConfig(max_steps=1), TrainOptions(**opts, dry_run=True)))
+    assert planned.steps == 0 and len(planned.batches) == 1 and not (run / "checkpoints").exists()
+    job = plan_train(TrainConfig(max_steps=1), TrainOptions(**opts))
+    assert (job.io.in_url, job.io.out, job.io.metrics) == (str(run / "batches"), str(run / "checkpoints"),
+                                                           str(run / "metrics"))
+    steps, rounds = [], []
+    first, = run_job(job, on_step=lambda step, m: steps.append(step), on_round=rounds.append)
+    assert first.steps == 1 and steps == [1] and rounds == [first] and Path(first.checkpoint).is_dir()
+    assert list((run / "metrics").glob("train-*.parquet"))
+    second, = run_job(job)  # the next pending batch, resumed from the first's checkpoint
+    assert second.steps == 1 and second.resumed_from == 1 and second.batches != first.batches
+    third, = run_job(job)
+    assert third.steps == 0 and third.batches == []
