@@ -114,7 +114,7 @@ from arlctl.rl.advantages import (
 )
 from arlctl.schemas.values import BadValue, bad_rows, find_bad_values
 from arlctl.stages.configs import FilterConfig
-from arlctl.stages.jobs import FilterOptions
+from arlctl.stages.jobs import FilterOptions, StageLoop, loop_of
 from arlctl.stages.results import FilterIO, FilterResult
 from arlctl.stages.turn_credit import (
     trajectory_returns,
@@ -630,15 +630,12 @@ def run(cfg: FilterConfig, io: FilterIO, stop: threading.Event | None = None) ->
                                                 dry_run=io.dry_run, quarantine_bad=io.quarantine))
 
 
-@dataclass
-class FilterJob:
+@dataclass(kw_only=True)
+class FilterJob(StageLoop):
     """One `arlctl filter` invocation: the settings, where rows come from and go, and how it runs."""
 
     cfg: FilterConfig
     io: FilterIO
-    watch: bool = False
-    poll: float = 5.0
-    lock_wait: float = 0.0
 
 
 def plan_filter(cfg: FilterConfig, opts: FilterOptions) -> FilterJob:
@@ -655,7 +652,7 @@ def plan_filter(cfg: FilterConfig, opts: FilterOptions) -> FilterJob:
                   policy_dir=opts.policy_dir or (layout.policy if layout else None),
                   ckpt_dir=opts.ckpt_dir or (layout.checkpoints if layout else None),
                   current_version=opts.current_version, quarantine=opts.quarantine, dry_run=opts.dry_run)
-    return FilterJob(cfg=cfg, io=io, watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait)
+    return FilterJob(cfg=cfg, io=io, **loop_of(opts))
 
 
 def run_job(job: FilterJob, on_round: Callable[[FilterResult], None] | None = None) -> list[FilterResult]:

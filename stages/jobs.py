@@ -35,6 +35,21 @@ class RunOptions:
     quiet: bool = setting(False, QUIET_HELP, short="-q")
 
 
+@dataclass(kw_only=True)
+class StageLoop:
+    """How a planned job runs (each stage's job extends it): once, or every `poll` s with `watch`, after
+    waiting up to `lock_wait` s for the run lock."""
+
+    watch: bool = False
+    poll: float = 5.0
+    lock_wait: float = 0.0
+
+
+def loop_of(opts: RunOptions) -> dict[str, object]:
+    """The StageLoop fields of a command's run options."""
+    return {"watch": opts.watch, "poll": opts.poll, "lock_wait": opts.lock_wait}
+
+
 POLICY_HELP = ("HF dir, RUN/policy (uses LATEST), default, tiny, or a scripted oracle:gold / oracle:empty (swe), "
                "oracle:humaneval, oracle:reasoning-gym, oracle:replies=FILE, oracle:textarena, oracle:calculator "
                "(math).")

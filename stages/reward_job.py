@@ -17,12 +17,12 @@ from typing import Any
 
 from arlctl.errors import TerminalError, TransientError, UsageError
 from arlctl.stages.configs import RewardConfig
-from arlctl.stages.jobs import RewardOptions
+from arlctl.stages.jobs import RewardOptions, StageLoop, loop_of
 from arlctl.stages.reward import AutoReward, RewardIO, RewardResult
 
 
-@dataclass
-class RewardJob:
+@dataclass(kw_only=True)
+class RewardJob(StageLoop):
     """One invocation: the settings, where rows come from and go, the built reward and its cache."""
 
     cfg: RewardConfig
@@ -30,9 +30,6 @@ class RewardJob:
     reward: Any  # a Scorer or AutoReward (build)
     cache: Any = None  # the invocation's RewardCache, opened once (None: no cache)
     metrics_dir: str | None = None
-    watch: bool = False
-    poll: float = 5.0
-    lock_wait: float = 0.0
 
     @property
     def warnings(self) -> list[str]:
@@ -59,8 +56,7 @@ def plan_reward(cfg: RewardConfig, opts: RewardOptions) -> RewardJob:
         preflight_graders(cfg.reward, fn)
     cache = open_cache(cfg, opts.run, opts.dry_run, fn)
     return RewardJob(cfg=cfg, io=RewardIO(in_url=in_url, out=out, worker=worker, dry_run=opts.dry_run),
-                     reward=fn, cache=cache, metrics_dir=metrics_dir_for(out, opts.run),
-                     watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait)
+                     reward=fn, cache=cache, metrics_dir=metrics_dir_for(out, opts.run), **loop_of(opts))
 
 
 def run_job(job: RewardJob, on_round: Callable[[RewardResult], None] | None = None) -> RewardResult:

@@ -28,17 +28,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from arlctl.errors import TerminalError, UsageError
 from arlctl.io import ledger, store
 from arlctl.io.ledger import VERSION_FILE, list_versions, read_version_info, version_location
 from arlctl.rl import checkpoint as ckpt
 from arlctl.stages.configs import SyncConfig
+from arlctl.stages.jobs import StageLoop, SyncOptions, loop_of
 from arlctl.stages.results import SyncIO, SyncResult
-
-if TYPE_CHECKING:
-    from arlctl.stages.jobs import SyncOptions
 
 TRAINER_ONLY = set(ckpt.TRAINER_ONLY)
 
@@ -165,16 +163,13 @@ def run(cfg: SyncConfig, io: SyncIO, stop: threading.Event | None = None) -> Syn
     return SyncResult.from_summary(sync(io.ckpt, io.policy_dir, keep=cfg.keep, dry_run=io.dry_run))
 
 
-@dataclass
-class SyncJob:
+@dataclass(kw_only=True)
+class SyncJob(StageLoop):
     """One `arlctl sync` invocation: the settings, the checkpoints it reads and the policy dir it writes, and
     how it runs."""
 
     cfg: SyncConfig
     io: SyncIO
-    watch: bool = False
-    poll: float = 5.0
-    lock_wait: float = 0.0
 
 
 def plan_sync(cfg: SyncConfig, opts: SyncOptions) -> SyncJob:
@@ -187,7 +182,7 @@ def plan_sync(cfg: SyncConfig, opts: SyncOptions) -> SyncJob:
     ckpt_dir, policy_dir = resolve_io("sync", opts.run, opts.ckpt, opts.policy_dir, watch=opts.watch,
                                       flags=("--ckpt", "--policy-dir"))
     io = SyncIO(ckpt=ckpt_dir, policy_dir=policy_dir, dry_run=opts.dry_run)
-    return SyncJob(cfg=cfg, io=io, watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait)
+    return SyncJob(cfg=cfg, io=io, **loop_of(opts))
 
 
 def run_job(job: SyncJob, on_round: Callable[[SyncResult], None] | None = None) -> list[SyncResult]:

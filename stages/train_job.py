@@ -18,22 +18,19 @@ from typing import Any
 
 from arlctl.errors import UsageError
 from arlctl.rl.config import TrainConfig
-from arlctl.stages.jobs import TrainOptions
+from arlctl.stages.jobs import StageLoop, TrainOptions, loop_of
 from arlctl.stages.results import TrainIO, TrainResult
 
 StepHook = Callable[[int, dict[str, Any]], None]
 RoundHook = Callable[[TrainResult], None]
 
 
-@dataclass
-class TrainJob:
+@dataclass(kw_only=True)
+class TrainJob(StageLoop):
     """One invocation: the settings, where batches come from and checkpoints go, and how it runs."""
 
     cfg: TrainConfig
     io: TrainIO
-    watch: bool = False
-    poll: float = 5.0
-    lock_wait: float = 0.0
     dry_run: bool = False
     nproc: int = 0  # > 0: launch_ranks runs the command under torchrun instead
 
@@ -51,8 +48,7 @@ def plan_train(cfg: TrainConfig, opts: TrainOptions) -> TrainJob:
     in_url, out = resolve_io("train", opts.run, opts.in_url, opts.out, watch=opts.watch)
     metrics = opts.metrics or (RunLayout(opts.run).metrics if opts.run else None)  # no --run: only where asked
     io = TrainIO(in_url=in_url, out=out, policy=opts.policy, metrics=metrics, resume=opts.resume)
-    return TrainJob(cfg=cfg, io=io, watch=opts.watch, poll=opts.poll, lock_wait=opts.lock_wait,
-                    dry_run=opts.dry_run, nproc=opts.nproc)
+    return TrainJob(cfg=cfg, io=io, dry_run=opts.dry_run, nproc=opts.nproc, **loop_of(opts))
 
 
 def run_job(job: TrainJob, on_step: StepHook | None = None, on_round: RoundHook | None = None) -> list[TrainResult]:
