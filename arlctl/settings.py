@@ -19,13 +19,14 @@ from arlctl.errors import UsageError
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,  # noqa: A002
             short: str | None = None, cli: bool = True, factory: Callable[[], Any] | None = None,
-            metavar: str | None = None) -> Any:
+            metavar: str | None = None, recipe: bool = True) -> Any:
     """A config field with its help text: `lr: float = setting(1e-6, "Peak learning rate (AdamW).")`.
 
     flag: the option's spelling when it is not --field-name (a "--resume/--no-resume" pair too);
     cli=False: a setting with no command option (set by code, e.g. adam_betas); metavar: how --help shows
-    its value (e.g. "VA VB" for a `tuple[str, str]`, which takes two)."""
-    metadata = {"help": help, "flag": flag, "short": short, "cli": cli, "metavar": metavar}
+    its value (e.g. "VA VB" for a `tuple[str, str]`, which takes two); recipe=False: a one-shot option that
+    an `arlctl up` recipe may not give a daemon (e.g. eval's --compare)."""
+    metadata = {"help": help, "flag": flag, "short": short, "cli": cli, "metavar": metavar, "recipe": recipe}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

@@ -237,6 +237,9 @@ def _parse_stage(name: str, raw: Any, fail: Callable[..., UsageError]) -> StageS
         if option not in options:
             raise fail(f"stage {name}: `arlctl {name}` has no option --{option}",
                        hint=_suggest(option, list(options), prefix="--") or f"see `arlctl {name} --help`")
+        if options[option].one_shot:
+            raise fail(f"stage {name}: --{option} is a one-shot option of `arlctl {name}`, run by hand, not by a "
+                       "daemon", hint=f"drop it from the recipe; run `arlctl {name} --{option} ...` yourself")
         clean[option] = value
     if workers > 1 and "worker" not in options:
         raise fail(f"stage {name}: `arlctl {name}` has no --worker I/N, so it runs with workers: 1")

@@ -152,6 +152,7 @@ class OptionKind:
     type: Any  # bool (a flag), list (repeatable), or the value's type
     negation: str | None = None  # "no-resume"
     field: str | None = None  # the config field it sets, if any
+    one_shot: bool = False  # an option of a command run by hand that no recipe may give (setting(recipe=False))
 
 
 def stage_config(stage: str) -> type:
@@ -180,16 +181,16 @@ def stage_vocabulary(stage: str) -> dict[str, OptionKind]:
         out[name] = OptionKind(type=base, field=field_name)
     from arlctl.stages.jobs import STAGE_OPTIONS
 
-    for spelling, kind in _declared(STAGE_OPTIONS[stage]).items():
+    for spelling, (kind, one_shot) in _declared(STAGE_OPTIONS[stage]).items():
         name, _, negation = spelling.partition("/")
-        out[name] = OptionKind(type=kind, negation=negation or None)
+        out[name] = OptionKind(type=kind, negation=negation or None, one_shot=one_shot)
         if negation:
             out[negation] = out[name]
     return out
 
 
-def _declared(options: type) -> dict[str, Any]:
-    """{spelling ("resume/no-resume" for a pair): type} of a job's option fields (stages/jobs.py)."""
+def _declared(options: type) -> dict[str, tuple[Any, bool]]:
+    """{spelling ("resume/no-resume" for a pair): (type, one-shot)} of a job's option fields (stages/jobs.py)."""
     import typing
 
     from arlctl.settings import cli_fields, field_types
@@ -201,5 +202,6 @@ def _declared(options: type) -> dict[str, Any]:
                                                                 "--" + f.name.replace("_", "-")).split("/"))
         kind = types[f.name]
         args = [a for a in typing.get_args(kind) if a is not type(None)]
-        out[spelling] = list if typing.get_origin(kind) is list else (args[0] if args else kind)
+        out[spelling] = (list if typing.get_origin(kind) is list else (args[0] if args else kind),
+                         not f.metadata.get("recipe", True))
     return out

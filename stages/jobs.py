@@ -157,7 +157,7 @@ class EvalOptions(RunOptions, PolicyOptions):
     env_opt: list[str] = setting(help="KEY=VALUE passed to the environment.", factory=list)
     limit: int | None = setting(None, "Use only the first N tasks.")
     compare: tuple[str, str] | None = setting(None, "Compare two evaluated versions of --name (e.g. v0 v40).",
-                                              metavar="VA VB")  # two values: a one-shot option, never a recipe's
+                                              metavar="VA VB", recipe=False)  # two values, by hand only
     force: bool = setting(False, "Evaluate again a version that has a summary.json.")
 
 

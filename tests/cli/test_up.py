@@ -49,6 +49,7 @@ def test_recipe_builds_each_workers_command_line(tmp_path):
     ({"reward": {"wokers": 2}}, "unknown key of stage reward 'wokers'.*did you mean workers"),
     ({"train": {"args": {"resume": "yes"}}}, "--resume is a flag: give true or false"),
     ({"train": {"args": {"lr": [1, 2]}}}, "--lr takes one value, not a list"),
+    ({"eval": {"args": {"compare": ["v0", "v4"]}}}, "--compare is a one-shot option of `arlctl eval`.*drop it"),
 ])
 def test_bad_recipes_fail_with_a_clear_message(tmp_path, stages, message):
     with pytest.raises(UsageError) as info:
