@@ -116,10 +116,14 @@ def verdict(job: RewardJob, total: RewardResult) -> Exception | None:
 
 
 def _no_reward_hint(job: RewardJob, total: RewardResult) -> str:
-    """Point at --reward auto when the rows come from envs the chosen reward is not theirs."""
+    """Point at --reward auto when --reward named one env's reward and the rows come from other envs (a weighted
+    sum, a reward server or a judge is meant to score any env's rows)."""
+    from arlctl.envs.registry import ENVS, builtin_names
+
     hint = "run `arlctl doctor`; the rows are written with reward_info.error"
-    envs = sorted(total.envs - {job.cfg.reward}) if not isinstance(job.reward, AutoReward) else []
-    if envs and "+" not in job.cfg.reward and "://" not in job.cfg.reward:
+    env_reward = job.cfg.reward in builtin_names("env") | set(ENVS)
+    envs = sorted(total.envs - {job.cfg.reward}) if env_reward else []
+    if envs:
         hint = (f"these rows come from env {', '.join(envs[:4])}, not {job.cfg.reward}: --reward auto scores each "
                 f"row with its own env's reward (into a new --out, or after deleting what this wrote to {job.io.out})")
     return hint

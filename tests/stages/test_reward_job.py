@@ -71,6 +71,12 @@ def test_verdict_names_the_rows_env_when_the_reward_is_not_theirs(tmp_path):
     error = reward_job.verdict(job, total)
     assert isinstance(error, TerminalError) and "no row got a reward" in str(error)
     assert "first-token" in error.hint and "--reward auto" in error.hint
+    # A weighted reward expression is meant for any env's rows: its hint does not name --reward auto.
+    weighted = reward_job.plan_reward(RewardConfig(reward="1.0*math"),
+                                      RewardOptions(in_url=f"{run}/rollouts", out=f"{run}/rewarded-weighted"))
+    total = reward_job.run_job(weighted)
+    assert total.rows == 3 and total.rewarded == 0
+    assert "--reward auto" not in reward_job.verdict(weighted, total).hint
     # The same output again with --reward auto: the math-rewarded shard is kept, and that is an error, not a skip.
     again = runner.invoke(app, ["reward", "--run", run, "--reward", "auto", "--no-cache"])
     assert again.exit_code == 1 and "rewarded earlier with other reward settings" in again.output, again.output
