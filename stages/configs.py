@@ -136,13 +136,11 @@ class SyncConfig:
     notify: list[str] = setting(help="Inference server URL to reload (repeatable).", factory=list)
     notify_flavor: str = setting("vllm", "Server kind: vllm or sglang.")
 
-    FLAVORS = ("vllm", "sglang")
-
     def check(self) -> None:
         if self.keep < 1:
             raise UsageError(f"--keep must be >= 1, not {self.keep}", hint="the version LATEST names is always kept")
-        if self.notify_flavor not in self.FLAVORS:
-            raise UsageError(f"--notify-flavor must be one of {', '.join(self.FLAVORS)}, not {self.notify_flavor!r}")
+        if self.notify_flavor not in NOTIFY_FLAVORS:
+            raise UsageError(f"--notify-flavor must be one of {', '.join(NOTIFY_FLAVORS)}, not {self.notify_flavor!r}")
 
 
 @dataclass(frozen=True)
