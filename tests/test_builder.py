@@ -50,6 +50,7 @@ def check_invariants(row: TrajectoryRow, calls: int, latencies: float) -> None:
                                                                  row.turns[-1].policy_version)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(generation, observation, undo), max_size=12))
 def test_any_sequence_of_moves_keeps_the_row_consistent(moves):

@@ -137,6 +137,7 @@ def test_there_are_pages_with_many_examples():
     assert counted > 100, counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=_name)
 def test_every_shell_example_parses_against_the_cli(page):
     found = problems(page)

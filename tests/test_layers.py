@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # Higher imports lower. Packages and modules of one rank do not import each other either. Every package
 # and top-level module under arlctl/ (and stages, schemas) has a rank: a new one fails until it is placed.
@@ -105,6 +107,7 @@ def test_every_package_and_module_is_ranked():
     assert unranked == [], f"place these in RANK: {unranked}"
 
 
+@pytest.mark.slow
 def test_no_package_cycles():
     assert _cycles(_arrows()) == []
 
@@ -121,11 +124,13 @@ def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
     assert "newpkg" in _layers(tmp_path) and "newpkg" not in RANK  # an unplaced package would fail the test above
 
 
+@pytest.mark.slow
 def test_no_package_imports_a_higher_or_sibling_layer():
     wrong = _against_layers(_arrows())
     assert wrong == [], "imports against the layers:\n" + "\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_the_check_flags_an_upward_import_and_sees_the_real_ones(tmp_path):
     # The check above would pass vacuously if the reader found nothing: it must flag a planted arrow up...
     (tmp_path / "arlctl" / "tools").mkdir(parents=True)

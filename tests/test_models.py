@@ -28,6 +28,7 @@ def test_unknown_embedded_model_is_terminal():
         models.pull("llama-70b")
 
 
+@pytest.mark.slow
 def test_make_tiny_is_deterministic_and_has_the_smollm2_tokenizer(tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -52,6 +53,7 @@ def test_make_tiny_is_deterministic_and_has_the_smollm2_tokenizer(tmp_path):
     assert tokenizer.eos_token == "<|im_end|>"
 
 
+@pytest.mark.slow
 def test_tiny_model_dir_is_built_once(tmp_path, monkeypatch):
     monkeypatch.setenv("ARLCTL_HOME", str(tmp_path))
     first = models.tiny_model_dir()
@@ -77,6 +79,7 @@ def _cli() -> typer.Typer:
     return app
 
 
+@pytest.mark.slow
 def test_cli_make_tiny_and_info(tmp_path):
     runner = CliRunner()
     result = runner.invoke(_cli(), ["model", "make-tiny", str(tmp_path / "tiny"), "--seed", "3", "--json"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import typer.main
 from typer.testing import CliRunner
 
@@ -66,6 +67,7 @@ def help_examples(help_text: str, path: tuple[str, ...]) -> list[str]:
     return [line.strip() for line in help_text.splitlines() if line.strip().startswith(prefix)]
 
 
+@pytest.mark.slow
 def test_readme_commands_exist_and_have_examples():
     commands = readme_commands()
     core = {"rollout", "reward", "filter", "train", "sync", "query", "inspect", "show", "validate"}

@@ -37,6 +37,7 @@ def _rows(directory) -> list[dict]:
     return [row for shard in list_shards(str(directory)) for row in read_shard(shard).to_pylist()]
 
 
+@pytest.mark.slow
 def test_filter_writing_into_its_own_input_is_refused_and_a_rerun_reads_nothing_twice(run, tmp_path):
     before = _files(run)
     for out in (run / "rewarded", run / "rewarded" / "batches", run):

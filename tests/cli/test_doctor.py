@@ -88,6 +88,7 @@ def test_human_output_is_one_line_per_check(tmp_path):
     assert lines[0].startswith("ok    bwrap")
 
 
+@pytest.mark.slow
 def test_no_bwrap_on_path_fails_with_the_install_command(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -185,6 +186,7 @@ def test_unknown_names_are_usage_errors():
         preflight(["bogus"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["rollout", "reward"])
 def test_stages_run_the_checks_before_any_work(tmp_path, command):
     """A swe rollout or grading on docker with no engine: one usage error naming the check and its fix,

@@ -31,6 +31,7 @@ def mixed_run(tmp_path_factory):
     return run, json.loads(result.stdout.strip().splitlines()[0])
 
 
+@pytest.mark.slow
 def test_a_1000_group_mix_lands_within_5_percent_of_the_ratio(mixed_run):
     run, summary = mixed_run
     assert summary["groups"] == 1000 and summary["rows_written"] == 1000 and summary["errors"] == 0
@@ -45,6 +46,7 @@ def test_a_1000_group_mix_lands_within_5_percent_of_the_ratio(mixed_run):
     assert abs(counts["math"] / 1000 - 0.3) <= 0.05 * 0.3
 
 
+@pytest.mark.slow
 def test_reward_auto_inspect_and_status_break_the_mix_down_per_env(mixed_run):
     run, _ = mixed_run
     result = runner.invoke(app, ["reward", "--run", str(run), "--reward", "auto", "--json"])

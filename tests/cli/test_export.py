@@ -168,6 +168,7 @@ def as_sorted(history: dict[str, list[tuple[int, float]]]) -> dict[str, dict[int
 # ------------------------------------------------------------------------------------------------ tests
 
 
+@pytest.mark.slow
 def test_every_tracker_holds_the_runs_values_once(run):
     want = expected(run)
     assert want["train/loss"] == {1: 0.1 + 1 / 3, 2: 0.1 + 2 / 3, 3: 0.1 + 3 / 3}

@@ -154,6 +154,7 @@ def test_train_dry_run_names_the_batches_and_writes_nothing(tmp_path):
     assert not ckpts.exists()
 
 
+@pytest.mark.slow
 def test_train_stops_at_a_step_boundary_with_the_step_saved(tmp_path):
     from arlctl.models import tiny_model_dir
     from arlctl.rl.config import TrainConfig

@@ -108,6 +108,7 @@ def rendered(tmp_path_factory):
             "after": after}
 
 
+@pytest.mark.slow
 def test_the_report_renders(rendered):
     result = rendered["result"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -116,6 +117,7 @@ def test_the_report_renders(rendered):
     assert (rendered["out"] / "plots" / "trainer_other.png").is_file()
 
 
+@pytest.mark.slow
 def test_no_file_is_written_outside_the_output(rendered):
     root = rendered["root"]
     assert rendered["after"] == rendered["before"]
@@ -167,6 +169,7 @@ def test_the_breakout_is_a_real_one_against_spliced_sql(tmp_path):
     assert target.read_text().split() == ["pwned", "42"]
 
 
+@pytest.mark.slow
 def test_a_planted_filename_column_is_a_clear_error(tmp_path):
     """The reader adds `filename` itself; a shard that brings its own is refused by name, not mixed in."""
     run = tmp_path / "run"

@@ -19,6 +19,7 @@ from arlctl.io.shards import list_shards, read_shard
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 
 
+@pytest.mark.slow
 def test_rollout_then_reward_then_inspect(tmp_path):
     run = str(tmp_path / "run")
     result = arlctl("rollout", "--env", "math", "--tasks", "builtin:math?n=4&seed=0", "--policy", "tiny",
@@ -52,6 +53,7 @@ def test_rollout_then_reward_then_inspect(tmp_path):
     assert stats["rows"] == 8 and stats["reward"]["n"] == 8
 
 
+@pytest.mark.slow
 def test_backend_options_reach_the_backend_and_typos_are_usage_errors(tmp_path):
     base = ["rollout", "--env", "math", "--tasks", "builtin:math?n=1", "--policy", "tiny", "--out", str(tmp_path / "o")]
     bad_value = arlctl(*base, "--backend-opt", "dtype=float64")  # reaches HFPolicy, which rejects the dtype
@@ -99,6 +101,7 @@ def test_ctrl_c_flushes_completed_and_aborts_in_flight(tmp_path):
     assert not [f for f in os.listdir(out) if f.startswith(".")]  # no temp file left behind
 
 
+@pytest.mark.slow
 def test_rollout_with_run_reads_its_fleet_file_and_without_one_says_so(tmp_path):
     """`--backend openai --run RUN` without --server takes its engines from RUN/fleet.json (`arlctl fleet add`);
     with no fleet file either, it is a usage error naming the fix, before any work."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
@@ -22,6 +23,7 @@ def arlctl(*args: str):
     return result
 
 
+@pytest.mark.slow
 def test_status_after_a_short_loop(tmp_path):
     run = str(tmp_path / "run")
     rollout = ["rollout", "--env", "first-token", "--run", run, "-G", "2", "--max-new-tokens", "4", "--seed", "0",

@@ -118,6 +118,7 @@ def test_filter_truncated_drop_drops_and_counts(run):
     assert {r["task_id"] for r in batch} == {"a"}
 
 
+@pytest.mark.slow
 def test_eval_table_shows_the_truncated_rows(tmp_path):
     run = tmp_path / "run"
     result = runner.invoke(app, ["eval", "--run", str(run), "--policy", "tiny", "--tasks", "builtin:math?n=2&seed=7",
@@ -154,6 +155,7 @@ def _over_budget() -> set[str]:
             > budget}
 
 
+@pytest.mark.slow
 def test_humaneval_gold_replies_over_the_budget_are_truncated(tmp_path):
     rows = _humaneval_rollout(tmp_path / "run")
     over = _over_budget()

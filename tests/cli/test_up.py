@@ -177,6 +177,7 @@ def test_usage_error_exit_is_not_restarted(tmp_path):
     assert sup.last_error(child) == "error: no such option: --bogus"
 
 
+@pytest.mark.slow
 def test_stop_escalates_to_sigkill_after_the_grace_period(tmp_path):
     code = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "print('ig' + 'noring', flush=True); time.sleep(120)")

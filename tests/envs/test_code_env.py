@@ -166,6 +166,7 @@ def test_score_takes_a_whole_function_reply_in_a_code_block():
     assert (value, info["cause"]) == (0.0, "no_completion")
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_a_wrong_answer_a_raise_and_a_timeout_each_score_zero_with_their_cause():
     wrong = run(grade("HumanEval/2", "    return 0.0\n"))
@@ -266,6 +267,7 @@ def _tool_call(code: str, name: str = "python") -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': {'code': code}})}\n</tool_call>"
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_python_tool_runs_code_in_a_sandbox():
     async def episode():

@@ -72,6 +72,7 @@ def test_oracle_rows_get_reward_one_through_the_real_rollout_and_reward(tmp_path
     assert summary.rows == len(tasks) and [r["reward"] for r in rewarded] == [1.0] * len(tasks)
 
 
+@pytest.mark.slow
 def test_word_problems_and_prompts_without_the_tool_end_as_recorded_errors():
     word = generate_tasks(2, seed=3, difficulty=1, kinds=("word",))
     rows, stats = run_rollout(word)

@@ -88,6 +88,7 @@ def error_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow
 def test_spec_env_rolls_out_and_spec_reward_scores(plugin, tasks, tmp_path):
     rows = rollout("mypkg.env:make", tasks, tmp_path / "rollouts")
     assert len(rows) == 4
@@ -105,6 +106,7 @@ def test_spec_env_rolls_out_and_spec_reward_scores(plugin, tasks, tmp_path):
         assert row["reward_version"] == "reverse-reward-2"
 
 
+@pytest.mark.slow
 def test_entry_point_names_work_like_builtins(plugin, tasks, tmp_path):
     rows = rollout("reverse", tasks, tmp_path / "rollouts", "--env-opt", "hint=true")
     assert {row["env"] for row in rows} == {"reverse"}

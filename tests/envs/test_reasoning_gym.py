@@ -55,6 +55,7 @@ def test_split_counts_is_largest_remainder():
     assert split_counts(7, [0.5, 0.3, 0.2]) == [4, 2, 1]
 
 
+@pytest.mark.slow
 def test_spec_splits_n_by_weight_interleaves_and_matches_the_library():
     import reasoning_gym
 
@@ -73,6 +74,7 @@ def test_spec_splits_n_by_weight_interleaves_and_matches_the_library():
                                                                                for i in range(4)]
 
 
+@pytest.mark.slow
 def test_config_options_reach_the_generator_and_name_the_task():
     tasks = tasks_of("reasoning-gym:leg_counting?n=3&leg_counting.min_animals=1&leg_counting.max_animals=1")
     assert all(t["config"] == {"min_animals": 1, "max_animals": 1} for t in tasks)
@@ -117,6 +119,7 @@ def test_builtin_source_defaults_to_two_datasets():
 
 
 # ---------------------------------------------------------------------------------------- regeneration
+@pytest.mark.slow
 def test_entries_are_the_same_in_a_process_with_another_hash_seed():
     keys = [DatasetKey(name, 7, 5) for name in FIVE]
     here = {key.name: [e["question"] for e in entries] for key, entries in rg_env.generate(keys).items()}
@@ -201,6 +204,7 @@ def test_forged_rows_never_score_one(leg_task):
         assert reward is None and words in info["error"], (bad, info)
 
 
+@pytest.mark.slow
 def test_a_generator_past_its_timeout_is_infra_not_zero_and_the_next_one_starts(leg_task, monkeypatch):
     # knight_swap needs about a second per entry here: 50 entries cannot be ready within 0.5 s.
     slow = {**leg_task, "dataset": "knight_swap", "size": 50, "index": 0}

@@ -201,6 +201,7 @@ async def _turn(policy: OpenAIPolicy, ids: list[int], turn: int) -> tuple[list[i
     return ids + gen.ids + [198, 30, 198], gen
 
 
+@pytest.mark.slow
 def test_join_drain_and_move_keep_every_token(tmp_path, engines):
     a, b = engines(), engines()
     run = str(tmp_path / "run")
@@ -256,6 +257,7 @@ def test_join_drain_and_move_keep_every_token(tmp_path, engines):
     assert any(prompt == moved[:len(prompt)] and len(prompt) > 3 for prompt, _ in b.served())
 
 
+@pytest.mark.slow
 def test_ejected_engine_backs_off_and_comes_back(engines):
     c, d = engines(), engines()
     policy = _policy([c.base, d.base], down_s=0.3, notify_on_reload=False)
@@ -294,6 +296,7 @@ def _rows_sink(rows_out: list):
     return sink
 
 
+@pytest.mark.slow
 def test_mixed_versions_and_a_killed_engine(proc_engine, engines):
     """Two engines serving different policy versions; the process engine is SIGKILLed mid-run."""
     local = engines(version=0)
@@ -331,6 +334,7 @@ def test_mixed_versions_and_a_killed_engine(proc_engine, engines):
     assert all(req in expected for req in served_here)
 
 
+@pytest.mark.slow
 def test_engine_joins_a_running_rollout_and_the_metrics_row(tmp_path, engines):
     """The rollout stage end to end (run_rollout): b is added to RUN/fleet.json while trajectories run,
     then a is removed; every row is whole and every request either engine served is one turn of a row."""
@@ -395,6 +399,7 @@ def test_engine_joins_a_running_rollout_and_the_metrics_row(tmp_path, engines):
     assert metrics["backend_fleet_joined"] == 2.0  # a at start, b mid-run
 
 
+@pytest.mark.slow
 def test_many_first_turns_at_once_describe_the_engine_once(engines):
     """Hundreds of trajectories starting together send one GET /v1/models to a new engine, not one each (each
     its own request would queue on the connection pool, time out and eject an engine that answers)."""

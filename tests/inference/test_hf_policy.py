@@ -68,6 +68,7 @@ def test_sampling_distribution_hand_computed():
     assert sampling_distribution(logits, 1.0, 0.8).dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_batched_greedy_matches_one_at_a_time(policy):
     batch = prompts(policy, 6)
 
@@ -84,6 +85,7 @@ def test_batched_greedy_matches_one_at_a_time(policy):
     assert len({tuple(a.ids) for a in alone}) > 1  # different prompts, different answers
 
 
+@pytest.mark.slow
 def test_request_joins_a_running_batch(policy):
     long_prompt, short_prompt = prompts(policy, 2)
     long_params = SamplingParams(temperature=0.0, max_new_tokens=200, ignore_eos=True)
@@ -124,6 +126,7 @@ def rescored_logprobs(
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_logprobs_match_rescoring(policy, reference_model, temperature, top_p):
     batch = prompts(policy, 4)
@@ -191,6 +194,7 @@ def test_seeds_reproducible_across_batch_composition(policy):
     assert other_seed.ids != alone.ids
 
 
+@pytest.mark.slow
 def test_many_concurrent_trajectories_never_block_the_loop(policy):
     batch = prompts(policy, 16)
     params = SamplingParams(temperature=1.0, max_new_tokens=32)
@@ -313,6 +317,7 @@ def test_close_fails_waiting_requests():
     run(go())
 
 
+@pytest.mark.slow
 def test_reload_changes_outputs_and_version(tmp_path):
     other = make_tiny(tmp_path / "v000007", seed=1)
     pol = HFPolicy(tiny_model_dir(), name="tiny")

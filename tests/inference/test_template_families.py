@@ -182,6 +182,7 @@ def test_family_codec_and_parser_are_picked_from_the_template(name):
     assert codec.rewrites_history == name.startswith("think")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("history", ["full", "per-turn"])
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_random_model_multi_turn_is_token_exact(name, history, models, reference):
@@ -254,6 +255,7 @@ def check_prefix_consistent(codec: ChatCodec, row, record) -> None:
         assert obs_ids == codec.continuation(glue, record["observations"][i]).ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("history", ["full", "per-turn"])
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_tool_calls_reach_the_env_and_earn_the_reward(name, history, models, reference):
@@ -297,6 +299,7 @@ def test_family_tool_calls_reach_the_env_and_earn_the_reward(name, history, mode
             check_logprobs(reference(name), row)
 
 
+@pytest.mark.slow
 def test_think_gate_per_turn_rows_go_through_reward_filter_and_train(models, reference, tmp_path, monkeypatch):
     """The think-gate family with --history per-turn, through the real CLI stages: each trajectory is two
     rows (call, answer) whose reward, advantage and batch are the trajectory's, and train takes a step."""

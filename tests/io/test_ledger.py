@@ -28,6 +28,7 @@ def commit(parent: str, name: str, marker: str, content: dict) -> None:
     store.commit_dir(build, join(parent, name), marker)
 
 
+@pytest.mark.slow
 def test_checkpoints_versions_and_latest(run):
     commit(run.checkpoints, ledger.step_dir_name(1), ledger.STATE_FILE, {"step": 1, "consumed_batches": ["b1"]})
     commit(run.checkpoints, ledger.step_dir_name(2), ledger.STATE_FILE, {"step": 2, "consumed_batches": ["b1", "b2"]})
@@ -49,6 +50,7 @@ def test_checkpoints_versions_and_latest(run):
     assert ledger.list_versions(run.policy) == []
 
 
+@pytest.mark.slow
 def test_latest_naming_garbage_is_no_version(run):
     store.write_file(ledger.latest_url(run.policy), "../elsewhere\n")
     assert ledger.read_latest_raw(run.policy) == "../elsewhere"

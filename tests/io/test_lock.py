@@ -80,6 +80,7 @@ def test_local_second_process_fails_fast_naming_holder(tmp_path):
         kill(holder)
 
 
+@pytest.mark.slow
 def test_local_waiter_gets_lock_when_holder_finishes(tmp_path):
     out = str(tmp_path / "rewarded")
     holder = start_holder(out, hold_s=1.0)
@@ -113,6 +114,7 @@ def test_local_lock_is_per_stage_and_hidden_from_readers(tmp_path):
 # ---------------------------------------------------------------------------------------- object stores
 
 
+@pytest.mark.slow
 def test_s3_contention_between_processes(s3_bucket):
     out = f"{s3_bucket}/run/rewarded"
     holder = start_holder(out, hold_s=60, ttl_s=30)
@@ -126,6 +128,7 @@ def test_s3_contention_between_processes(s3_bucket):
         kill(holder)
 
 
+@pytest.mark.slow
 def test_s3_killed_holder_is_taken_over_after_ttl(s3_bucket):
     out = f"{s3_bucket}/run/rewarded"
     holder = start_holder(out, hold_s=60, ttl_s=2)
@@ -142,6 +145,7 @@ def test_s3_killed_holder_is_taken_over_after_ttl(s3_bucket):
     assert not fsspec.filesystem("s3").exists(f"{out}/_locks/reward.lease")  # released on exit
 
 
+@pytest.mark.slow
 def test_s3_renewal_keeps_live_holder(s3_bucket):
     out = f"{s3_bucket}/run/rewarded"
     with RunLock(out, "reward", ttl_s=2) as lock:

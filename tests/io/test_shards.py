@@ -65,6 +65,7 @@ def trajectory_rows(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(trajectory_rows(), min_size=1, max_size=5))
 def test_round_trip_equality_including_lists_and_structs(tmp_path, rows):
@@ -116,6 +117,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_write_leaves_no_visible_shard(tmp_path):
     target = tmp_path / "out" / "part-x.parquet"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True)

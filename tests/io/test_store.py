@@ -50,6 +50,7 @@ def test_commit_dir_lists_only_committed_directories(root):
     assert store.read_file(join(root, "d1", "w.bin")) == b"z"
 
 
+@pytest.mark.slow
 def test_commit_dir_copies_from_another_directory(root, tmp_path):
     source = tmp_path / "source"
     source.mkdir()

@@ -58,6 +58,7 @@ def drop(src, name: str, lines: list[str]) -> None:
     os.replace(tmp, src / name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_worker_subprocess_stops_on_signal_without_partial_output(tmp_path, signum):
     src, dst = tmp_path / "in", tmp_path / "out"
@@ -103,6 +104,7 @@ def test_worker_subprocess_stops_on_signal_without_partial_output(tmp_path, sign
         assert table.column("line").to_pylist() == (src / name).read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_loop_processes_files_dropped_while_running(tmp_path):
     src, dst = tmp_path / "in", tmp_path / "out"
     src.mkdir()
@@ -129,6 +131,7 @@ def test_loop_processes_files_dropped_while_running(tmp_path):
     assert sorted(os.listdir(dst)) == [f"f{k}.parquet" for k in range(5)]
 
 
+@pytest.mark.slow
 def test_transient_errors_back_off_exponentially_and_never_end_the_loop(caplog):
     calls: list[float] = []
 

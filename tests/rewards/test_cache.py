@@ -167,6 +167,7 @@ def test_null_rewards_are_not_cached(tmp_path, judge_server):
     assert rewards_of(tmp_path / "out2")["s0r0"][0] == 1.0
 
 
+@pytest.mark.slow
 def test_a_crashed_run_reuses_the_grading_it_cached(tmp_path, judge_server):
     """SIGKILL in the middle of a shard: the restart asks the judge only for the rows not yet graded."""
     run = tmp_path / "run"

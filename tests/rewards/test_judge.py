@@ -354,6 +354,7 @@ def first_char_rubric(path: Path, reply: str) -> str:
     return write_rubric(path, **doc)
 
 
+@pytest.mark.slow
 def test_a_real_tiny_judge_server_is_deterministic(tiny_server, tmp_path):
     reward = get_reward("judge", server=tiny_server, model="tiny", max_tokens=6, retries=0)
     first, second = grade(reward), grade(reward)
@@ -368,6 +369,7 @@ def test_a_real_tiny_judge_server_is_deterministic(tiny_server, tmp_path):
     assert scored[0][2]["verdict"] == scored[1][2]["verdict"] == scored[0][2]["rationale"].strip()[0]
 
 
+@pytest.mark.slow
 def test_the_in_process_tiny_judge_agrees_with_the_served_one(tiny_server, tmp_path):
     served = grade(get_reward("judge", server=tiny_server, model="tiny", max_tokens=6, retries=0))
     local = get_reward("judge", judge="tiny", max_tokens=6)
@@ -385,6 +387,7 @@ def test_an_in_process_judge_that_cannot_load_is_a_null_reward(tmp_path):
     assert "could not be loaded" in info["error"] and "not-a-model" in info["error"]
 
 
+@pytest.mark.slow
 def test_shipped_rubrics_load():
     assert rubrics.shipped() == ["default", "listwise", "math", "pairwise"]
     kinds = {name: rubrics.load(name).kind for name in rubrics.shipped()}
@@ -392,6 +395,7 @@ def test_shipped_rubrics_load():
     assert rubrics.load("math").step_template and rubrics.load("default").step_template
 
 
+@pytest.mark.slow
 def test_cli_steps_get_each_turn_from_the_reward_stage(scripted, tmp_path):
     row = TrajectoryRow(group_id="g1", sample_index=0, task_id="t1", env="math", env_version="math-1", task=TASK,
                         policy="p", prompt_text="p", prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1],

@@ -113,6 +113,7 @@ def post(url: str, body: bytes) -> tuple[int, dict]:
 REWARD_COLUMNS = ["reward", "reward_components", "reward_info", "reward_version"]
 
 
+@pytest.mark.slow
 def test_local_and_remote_scores_are_identical(server):
     url, _ = server
     rows = [math_row("a", "12", "12", "12", group="g1", text="<answer>12</answer> long"),
@@ -133,6 +134,7 @@ def test_local_and_remote_scores_are_identical(server):
     assert grouped == [0.0, 3.0, 3.0, 0.0]
 
 
+@pytest.mark.slow
 def test_200_concurrent_requests_are_bounded_by_the_server_and_none_is_lost(server, tmp_path):
     url, server_tmp = server
     (server_tmp / "concurrency.txt").unlink(missing_ok=True)
@@ -156,6 +158,7 @@ def test_200_concurrent_requests_are_bounded_by_the_server_and_none_is_lost(serv
     assert health["peak_scoring"] <= 4 and health["peak_waiting"] >= 50  # the burst queued at the server
 
 
+@pytest.mark.slow
 def test_protocol_errors(server):
     url, _ = server
     status, body = post(f"{url}/score/nope", b'{"rows": []}')
@@ -183,6 +186,7 @@ def test_client_halves_requests_over_the_size_limit(server):
     assert out[4]["reward"] is None and "answered 413" in json.loads(out[4]["reward_info"])["error"]
 
 
+@pytest.mark.slow
 def test_a_server_that_is_down_is_transient(tmp_path):
     proc, url = start_server(tmp_path, concurrency=1)
     reward = RemoteReward(f"{url}/math")

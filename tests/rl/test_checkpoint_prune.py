@@ -17,6 +17,7 @@ def _make(fs: fsspec.AbstractFileSystem, root: str, step: int, complete: bool = 
         fs.pipe_file(join(d, STATE_FILE), b'{"step": %d}' % step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_prune_keeps_the_newest_complete_checkpoints_and_leaves_incomplete_ones(where, tmp_path, request):
     root = str(tmp_path / "ckpt") if where == "local" else join(request.getfixturevalue("s3_bucket"), "run/ckpt")

@@ -58,6 +58,7 @@ def _host_unchanged(probe: dict, snapshot: Path, digest: str) -> None:
     probe["canary"].unlink()
 
 
+@pytest.mark.slow
 def test_rm_rf_root_and_writes_outside_workspace(backend, pool_factory, snapshot):
     digest, probe = tree_digest(snapshot), _host_probe()
     marker = f"pwned-{uuid.uuid4().hex}"
@@ -78,6 +79,7 @@ def test_rm_rf_root_and_writes_outside_workspace(backend, pool_factory, snapshot
     _host_unchanged(probe, snapshot, digest)
 
 
+@pytest.mark.slow
 def test_fork_bomb_is_capped_and_sandbox_replaced(backend, pool_factory, snapshot):
     marker = f"forkbomb{uuid.uuid4().hex[:8]}"
     bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 3; echo survived"
@@ -120,6 +122,7 @@ def test_memory_bomb_is_killed_and_sandbox_replaced(backend, pool_factory, snaps
     run(scenario())
 
 
+@pytest.mark.slow
 def test_cpu_spin_past_timeout_is_killed(backend, pool_factory, snapshot):
     marker = f"SPIN_{uuid.uuid4().hex}"
     spin = ["python3", "-c", f"marker = '{marker}'\nwhile True:\n    pass"]
@@ -305,6 +308,7 @@ def test_subprocess_backend_refused_without_insecure(snapshot):
         make_pool("subprocess", str(snapshot), size=1)
 
 
+@pytest.mark.slow
 def test_killing_the_sandbox_supervisor_spoils_only_that_sandbox(backend, pool_factory, snapshot):
     """Sandboxed code may try to kill whatever runs it inside (its parent, pid 1). pid 1 is the exec
     server, the namespace's init, which gets no signal from inside (issue 26, test_lease_isolation.py):

@@ -107,6 +107,7 @@ def test_a_dictionary_bomb_is_refused_by_reward_without_expanding_it(tmp_path):
     assert rss_kb < RSS_BOUND_KB
 
 
+@pytest.mark.slow
 def test_the_row_cap_names_the_row_and_the_caps_can_be_raised(tmp_path):
     """ARLCTL_MAX_ROW_BYTES refuses the one long row (named by index); raised, the shard reads as written."""
     path = plant([row(0), row(1, "B" * 50_000), row(2)], tmp_path / "part-1.parquet")
@@ -160,6 +161,7 @@ def poison_rows() -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_a_poison_row_is_set_aside_and_the_rest_of_its_shard_is_rewarded(tmp_path):
     rollouts = tmp_path / "rollouts"
     plant(poison_rows(), rollouts / "part-1.parquet")
@@ -189,6 +191,7 @@ def test_a_poison_row_is_set_aside_and_the_rest_of_its_shard_is_rewarded(tmp_pat
     assert json.loads(out.strip().splitlines()[-1])["skipped_consumed"] == 2
 
 
+@pytest.mark.slow
 def test_a_shard_of_only_poison_rows_fails_the_command_after_writing(tmp_path):
     """Nothing got a reward: exit 1 naming the first cause (the project's rule), output still committed."""
     rows = poison_rows()[1:2]
@@ -200,6 +203,7 @@ def test_a_shard_of_only_poison_rows_fails_the_command_after_writing(tmp_path):
     assert (tmp_path / "rollouts" / "_quarantine" / "part-1.rows.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_dry_run_names_the_poison_row_and_writes_nothing(tmp_path):
     plant(poison_rows(), tmp_path / "rollouts" / "part-1.parquet")
     code, out, err, _ = run_cli("reward", "--in", tmp_path / "rollouts", "--out", tmp_path / "rewarded",

@@ -147,6 +147,7 @@ def test_forged_lineage_cannot_pull_in_a_shard_from_outside_in(run_dir, tmp_path
     assert "cannot be resumed" in last_json(result)["unresumed"][0]
 
 
+@pytest.mark.slow
 def test_user_where_cannot_touch_files(run_dir, tmp_path):
     pwned = tmp_path / "pwned.csv"
     result = cli("filter", "--run", run_dir, "--current-version", 0, "--where", evil_where(pwned))
@@ -175,6 +176,7 @@ def globby(tmp_path):
     return d
 
 
+@pytest.mark.slow
 def test_glob_and_hidden_names_are_never_read_by_query_inspect_validate(globby):
     query = cli("query", "select count(*) as n, count(distinct filename) as files from trajectories", globby, "--json")
     assert query.exit_code == 0, query.output
@@ -197,6 +199,7 @@ def test_a_directory_whose_path_globs_is_read_as_itself_not_as_a_pattern(tmp_pat
     assert last_json(result) == {"n": 4}  # r[1]'s 2 groups of 2, none of r1's 10 rows
 
 
+@pytest.mark.slow
 def test_glob_and_hidden_names_are_never_consumed_by_filter(globby, tmp_path):
     result = cli("filter", "--in", globby, "--out", tmp_path / "batches", "--current-version", 0, "--json")
     assert result.exit_code == 0, result.output

@@ -100,6 +100,7 @@ def hostile_dir(tmp_path):
     return d
 
 
+@pytest.mark.slow
 def test_show_spells_out_every_hostile_character_and_names_stay_on_one_line(hostile_dir):
     result = arlctl("show", "hostile-0001", hostile_dir)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -110,6 +111,7 @@ def test_show_spells_out_every_hostile_character_and_names_stay_on_one_line(host
     assert_spelled(result.stderr, need=["stray\\U000e0049", "stray\\x1b[2J"])  # the stray warnings too
 
 
+@pytest.mark.slow
 def test_query_spells_out_cell_values_and_stray_names(hostile_dir):
     result = arlctl("query", "select final_state from trajectories", hostile_dir)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -118,6 +120,7 @@ def test_query_spells_out_cell_values_and_stray_names(hostile_dir):
     assert b"1 rows" in result.stderr  # the three strays were not read
 
 
+@pytest.mark.slow
 def test_validate_counts_strays_in_one_warning_spelled_out(hostile_dir):
     result = arlctl("validate", hostile_dir)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -155,6 +158,7 @@ def stray_run(tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_stray_names_are_never_read_and_never_reach_outputs_or_lineage(stray_run):
     rollouts = stray_run / "rollouts"
     validate = arlctl("validate", rollouts)
@@ -182,6 +186,7 @@ def test_stray_names_are_never_read_and_never_reach_outputs_or_lineage(stray_run
     assert "\x1b" not in log and not any(line.startswith("ok.parquet") for line in log.splitlines()), log[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("query", "select count(*) as n from trajectories"), ("show", "real-0")])
 def test_query_and_show_name_newline_strays_in_one_warning(stray_run, command):
     """query and show list the same strays as validate: one counted warning, every name on its one line."""
@@ -214,6 +219,7 @@ CREDENTIAL_URLS = [
 ]
 
 
+@pytest.mark.slow
 def test_fleet_add_refuses_malformed_and_credential_urls_and_never_stores_a_password(tmp_path):
     run = tmp_path / "run"
     fleet_file = run / "fleet.json"

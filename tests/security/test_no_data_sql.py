@@ -422,12 +422,14 @@ def code_base() -> dict[str, Module]:
 # ----------------------------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow
 def test_the_code_base_builds_no_sql_from_data():
     modules = code_base()
     findings = scan(modules)
     assert not findings, "SQL built from something that is not a constant:\n" + "\n".join(map(str, findings))
 
 
+@pytest.mark.slow
 def test_the_scan_walks_every_source_root_and_the_sql_modules():
     paths = {m.path for m in code_base().values()}
     for root in SCANNED:

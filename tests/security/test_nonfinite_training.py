@@ -206,6 +206,7 @@ def initial_weights() -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------------------------- train
 
 
+@pytest.mark.slow
 def test_cli_train_drops_rows_with_nan_or_minus_inf_trained_logprobs_and_stays_finite(tmp_path):
     run = tmp_path / "run"
     first, second = make_run(run, 2)
@@ -268,6 +269,7 @@ def test_nan_or_inf_off_the_mask_trains_exactly_like_zero(tmp_path):
     assert torch.equal(grads[0], grads[1]) and bool(torch.isfinite(grads[1]).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column, value", [("advantage", 1e38), ("weight", 1e38), ("advantage", 3e38)])
 def test_a_gradient_that_overflows_skips_the_step_and_keeps_the_weights(tmp_path, column, value):
     # Finite but absurd: r * A (* w) overflows float32 in the loss or its backward pass.
@@ -346,6 +348,7 @@ def test_train_rejects_non_finite_or_out_of_range_options(tmp_path, option, valu
     assert res.exit_code == 2 and option in res.output, res.output
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_to_save_non_finite_weights(tmp_path):
     from arlctl.rl import distributed as dd
     from arlctl.rl.trainer_state import TrainerState
@@ -375,6 +378,7 @@ def poison(checkpoint: Path, how: str) -> str:
     return name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["nan", "one inf"])
 def test_sync_refuses_to_publish_non_finite_weights(tmp_path, how):
     run = tmp_path / "run"
@@ -417,6 +421,7 @@ def test_sync_from_an_object_store_checks_the_weights_too(s3_bucket, tmp_path):
     assert not fs.exists(f"{policy.removeprefix('s3://')}/v000003/version.json")
 
 
+@pytest.mark.slow
 def test_train_refuses_to_resume_from_non_finite_weights(tmp_path):
     # A checkpoint written before this defence (or edited): training on would only skip every step.
     run = tmp_path / "run"

@@ -174,6 +174,7 @@ def flat(output: str) -> str:
     return " ".join(output.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["drip-headers", "drip-body", "describe-drip"])
 def test_a_dripping_server_is_cut_at_the_total_deadline(hostile, rollouts, monkeypatch, mode):
     """Dripping the headers, the body, or the answer to the version request (describe-drip)."""
@@ -240,6 +241,7 @@ def test_a_bad_deadline_is_a_usage_error(hostile, rollouts, monkeypatch):
         assert result.exit_code == 2 and "ARLCTL_REWARD_TIMEOUT_S" in result.output, (bad, result.output)
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_drip_stops_at_once_and_writes_no_half_shard(hostile, rollouts):
     """The default deadline (900 s) would hold the drip; SIGTERM ends the command instead, exit 75. The
     first shard (answered properly) is written and complete; the second (dripping) is not written."""

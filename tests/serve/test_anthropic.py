@@ -108,6 +108,7 @@ def tool_session(api, send, turns: int = 2, **kwargs) -> list[tuple]:
     return replies
 
 
+@pytest.mark.slow
 def test_tool_use_session_records_one_exact_trajectory_plain_or_streamed(servers):
     scripted, _model = servers
     sessions = {"a-plain": plain, "a-events": raw_events, "a-helper": helper_stream}
@@ -143,6 +144,7 @@ def test_tool_use_session_records_one_exact_trajectory_plain_or_streamed(servers
     assert recorded_id == results["a-helper"][0][0][0].id  # the id the client was given is the one recorded
 
 
+@pytest.mark.slow
 def test_session_found_by_prefix_and_max_tokens_stop(servers):
     scripted, _model = servers
     api = client(scripted)
@@ -163,6 +165,7 @@ def test_session_found_by_prefix_and_max_tokens_stop(servers):
     assert row["num_turns"] == 2 and row["status"] == "truncated" and row["finish_reason"] == "length"
 
 
+@pytest.mark.slow
 def test_real_model_session_streamed_and_plain_record_the_same_exact_tokens(servers):
     _scripted, model = servers
     reference = AutoModel()
@@ -243,6 +246,7 @@ def _post(server: ServeProcess, body: bytes) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+@pytest.mark.slow
 def test_hostile_bodies_are_400s_naming_the_field_in_anthropics_shape(servers):
     scripted, _model = servers
     before = scripted.health()["sessions"]

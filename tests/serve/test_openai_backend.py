@@ -62,6 +62,7 @@ async def _trajectory(policy: OpenAIPolicy, prompt: list[int], turns: int) -> tu
     return seen, ids
 
 
+@pytest.mark.slow
 def test_sticky_routing_and_failover(fleet):
     urls = [srv.url for srv in fleet]  # .../v1; the backend strips it
     policy = OpenAIPolicy(urls, str(tiny_model_dir()), name="tiny", backoff_s=0.05, down_s=60)

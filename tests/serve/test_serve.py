@@ -57,6 +57,7 @@ def read_rows(record_dir) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_multi_turn_tool_use_records_one_exact_trajectory(server, tmp_path, reference_model):
     api = client(server, "s-tools")
     messages = [{"role": "system", "content": "You can use a calculator."},
@@ -90,6 +91,7 @@ def test_multi_turn_tool_use_records_one_exact_trajectory(server, tmp_path, refe
         assert obs == [0] * t["obs_len"]
 
 
+@pytest.mark.slow
 def test_prefix_matching_without_header_and_rewrite_starts_segment(server, tmp_path, reference_model):
     api = client(server)
     first = [{"role": "user", "content": "Say hi."}]
@@ -132,6 +134,7 @@ def test_completions_with_token_ids_extend_the_record(server, tmp_path, referenc
     assert_token_exact(reference_model, row)
 
 
+@pytest.mark.slow
 def test_idle_timeout_writes_the_session(tmp_path):
     srv = Server(str(tmp_path / "rec"), idle_timeout_s=0.5)
     try:
@@ -146,6 +149,7 @@ def test_idle_timeout_writes_the_session(tmp_path):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_stop_writes_open_sessions(tmp_path):
     srv = Server(str(tmp_path / "rec"))
     api = client(srv, "s-open")

@@ -159,6 +159,7 @@ def _assert_rejected(status: int, body: Any, what: Any, code: int = 400) -> None
     assert "Traceback" not in body["error"]["message"]
 
 
+@pytest.mark.slow
 def test_malformed_requests_are_400_with_a_json_error_and_open_no_session(served):
     probes = ([(CHAT, b) for b in MALFORMED_CHAT] + [(COMPLETIONS, b) for b in MALFORMED_COMPLETION]
               + [(path, make(**extra)) for extra in MALFORMED_SHARED + HOSTILE_SAMPLING
@@ -178,6 +179,7 @@ def test_malformed_requests_are_400_with_a_json_error_and_open_no_session(served
     assert "Traceback" not in served.log()  # not even in the server's own log
 
 
+@pytest.mark.slow
 def test_hostile_sampling_values_are_refused_by_name(served):
     for path, make in ((CHAT, _chat), (COMPLETIONS, _completion)):
         for extra, field in (({"temperature": "nan"}, "temperature"), ({"temperature": "inf"}, "temperature"),
@@ -190,6 +192,7 @@ def test_hostile_sampling_values_are_refused_by_name(served):
 
 # ---- 2. a non-integer prompt id no longer kills the reaper ----
 
+@pytest.mark.slow
 def test_non_integer_prompt_id_is_400_and_the_reaper_still_writes_later_sessions(served):
     for prompt in ([True, 2, 3], [1, 2.0], [[True]], [1, "2"]):
         status, body = served.post(COMPLETIONS, _completion(prompt=prompt), session="s-bool")
@@ -220,6 +223,7 @@ def test_non_integer_prompt_id_is_400_and_the_reaper_still_writes_later_sessions
 
 # ---- 3. body size: 413, and a large allowed body does not stall the server ----
 
+@pytest.mark.slow
 def test_body_over_the_limit_is_413_and_the_server_stays_responsive(served):
     big = json.dumps(_chat(messages=[{"role": "user", "content": "x" * MAX_BODY}])).encode()
     _assert_rejected(*served.post(CHAT, big), "over the limit (Content-Length)", code=413)
@@ -233,6 +237,7 @@ def test_body_over_the_limit_is_413_and_the_server_stays_responsive(served):
     assert served.health()["ok"]
 
 
+@pytest.mark.slow
 def test_a_large_allowed_body_tokenises_off_the_event_loop(served):
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(3000)]
@@ -285,6 +290,7 @@ def test_sigterm_writes_every_open_session_before_exit(tmp_path):
 
 # ---- 5. the reaper cannot die (in process: a session poisoned past validation) ----
 
+@pytest.mark.slow
 def test_an_unwritable_session_is_marked_and_the_reaper_goes_on(tmp_path):
     """Defence in depth behind validation: a recorded row that Parquet cannot store (a bool token id,
     what the original attack recorded) fails its own write, is logged and marked, and later sessions
@@ -320,6 +326,7 @@ def test_an_unwritable_session_is_marked_and_the_reaper_goes_on(tmp_path):
 
 # ---- 6. the server's own options ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--idle-timeout", "nan", "--idle-timeout must be a positive number"),
     ("--idle-timeout", "-1", "--idle-timeout must be a positive number"),

@@ -28,6 +28,7 @@ def serve_load():
     return module
 
 
+@pytest.mark.slow
 def test_200_concurrent_sessions_are_each_written_exactly_once(serve_load, tmp_path):
     report = asyncio.run(serve_load.run(SESSIONS, TURNS, stream_every=2, serial_sessions=2, workdir=tmp_path))
     assert report["errors"] == []

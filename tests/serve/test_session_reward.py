@@ -69,6 +69,7 @@ def post_reward(base: str, session: str, payload: dict | bytes) -> tuple[int, di
     return request("POST", f"{base}/v1/sessions/{session}/reward", body)
 
 
+@pytest.mark.slow
 def test_a_posted_outcome_becomes_the_sessions_reward(serve, tmp_path):
     proc, base = serve
     chat(base, "s1")

@@ -119,6 +119,7 @@ def tool_session(api, stream: bool, turns: int, **kwargs) -> list[dict]:
     return replies
 
 
+@pytest.mark.slow
 def test_streamed_session_records_the_same_exact_trajectory_as_unstreamed(model_server, reference_model):
     plain = tool_session(client(model_server, "plain"), stream=False, turns=3)
     streamed = tool_session(client(model_server, "streamed"), stream=True, turns=3)
@@ -136,6 +137,7 @@ def test_streamed_session_records_the_same_exact_trajectory_as_unstreamed(model_
         assert streamed_row["response_ids"][turn["gen_start"]:turn["gen_start"] + turn["gen_len"]] == reply["token_ids"]
 
 
+@pytest.mark.slow
 def test_streamed_completions_carry_the_recorded_token_ids_and_logprobs(model_server):
     tok_ids = list(range(300, 310))
     api = client(model_server, "raw-stream")
@@ -156,6 +158,7 @@ def test_streamed_completions_carry_the_recorded_token_ids_and_logprobs(model_se
     assert row["response_logprobs"] == pytest.approx(logprobs, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_streamed_tool_calls_are_openai_deltas_and_record_like_unstreamed(scripted_server):
     plain = tool_session(client(scripted_server, "tools-plain"), stream=False, turns=2)
     streamed = tool_session(client(scripted_server, "tools-streamed"), stream=True, turns=2)
@@ -194,6 +197,7 @@ def _open_stream(server: ServeProcess, session: str, body: dict) -> tuple[http.c
     return conn, first
 
 
+@pytest.mark.slow
 def test_client_disconnect_mid_stream_keeps_the_turn_and_the_session(model_server, reference_model):
     before = model_server.health()["streams_disconnected"]
     question = [{"role": "user", "content": "Count to a thousand."}]
@@ -218,6 +222,7 @@ def test_client_disconnect_mid_stream_keeps_the_turn_and_the_session(model_serve
         assert_token_exact(reference_model, row)
 
 
+@pytest.mark.slow
 def test_prompt_that_cannot_fit_is_a_400_before_the_stream_opens(model_server):
     api = client(model_server, "too-long")
     with pytest.raises(openai.BadRequestError, match="does not fit"):

@@ -154,6 +154,7 @@ def publish(policy_dir: Path, version: int) -> None:
     ledger.write_latest(policy_dir, ledger.version_dir_name(version))
 
 
+@pytest.mark.slow
 def test_one_version_writes_rewarded_shards_and_a_summary_once(tmp_path):
     from arlctl.stages.eval_job import evaluate_version, read_eval
 
@@ -193,6 +194,7 @@ def test_one_version_writes_rewarded_shards_and_a_summary_once(tmp_path):
     assert not forced.skipped and len(scan(str(directory)).shards) == 2 and set(scan(str(directory)).shards) != set(shards)
 
 
+@pytest.mark.slow
 def test_watch_evaluates_every_nth_published_version_once(tmp_path):
     from arlctl.stages.eval_job import watch
 

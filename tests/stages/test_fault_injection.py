@@ -172,6 +172,7 @@ def run_with_faults(policy, point: str, mode: str, stop_after: float | None = No
     return groups, stats, unhandled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("point", "mode", "statuses", "cause"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_fault_ends_as_a_status_and_a_counted_cause(tiny, point, mode, statuses, cause):
     groups, stats, unhandled = run_with_faults(tiny, point, mode)
@@ -194,6 +195,7 @@ def test_fault_ends_as_a_status_and_a_counted_cause(tiny, point, mode, statuses,
             assert row.turns[-1].error  # the cause is on the row itself where a turn exists
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["reset", "step", "generate", "close"])
 def test_stop_during_hangs_flushes_every_group(tiny, point):
     """Ctrl-C while trajectories hang: nothing is lost, nothing is left unretrieved."""

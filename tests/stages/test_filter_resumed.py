@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from arlctl.cli.main import app
@@ -44,6 +45,7 @@ def rows_of(directory: str) -> list[dict]:
     return [r for shard in list_shards(directory) for r in read_shard(shard, columns=COLUMNS).to_pylist()]
 
 
+@pytest.mark.slow
 def test_a_group_completed_by_a_resumed_rollout_is_filtered_whole(tmp_path):
     run = tmp_path / "run"
     # Call 7 stops the run: group 0 (4 calls) is whole, group 1 has answered 2 samples and is written with

@@ -211,6 +211,7 @@ def test_per_turn_rows_train_like_their_whole_trajectory(loss_agg):
     assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_reward_filter_train_end_to_end_on_per_turn_rows(tmp_path):
     """rollouts (per-turn) -> reward math -> filter -> train on the tiny model: one finite step per batch."""
     trajs = [math_trajectory(f"g{g}", s, 2 + (g + s) % 3, answer, "4")

@@ -26,6 +26,7 @@ def publish(policy_dir, version: int) -> None:
     (policy_dir / "LATEST").write_text(dest.name)
 
 
+@pytest.mark.slow
 def test_the_policy_loaded_is_the_one_chosen_even_when_latest_moves_in_between(tmp_path):
     policy_dir = tmp_path / "policy"
     publish(policy_dir, 1)

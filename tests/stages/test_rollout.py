@@ -81,6 +81,7 @@ def rescore(model, prompt_ids, response_ids):
     return scored[len(prompt_ids) - 1:].tolist()  # one per response token
 
 
+@pytest.mark.slow
 def test_token_exactness_multi_turn(policy, model):
     check_token_exactness(policy, model, n_tasks=6, max_new_tokens=20, min_multi_turn=3, tolerance=2e-3)
 
@@ -139,6 +140,7 @@ def check_token_exactness(policy, model, n_tasks, max_new_tokens, min_multi_turn
     assert multi_turn >= min_multi_turn
 
 
+@pytest.mark.slow
 def test_groups_are_whole_and_bounds_hold(policy):
     tasks = load_tasks("builtin:math?n=5&seed=1")
     cfg = RolloutConfig(group_size=3, concurrency=4, max_turns=2, max_new_tokens=16, max_tokens=30, seed=1)

@@ -34,6 +34,7 @@ def test_a_missing_policy_is_a_usage_error_and_makes_no_output(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_dry_run_of_a_scripted_policy_shows_the_first_prompt_with_its_tokenizer():
     done = CliRunner().invoke(app, ["rollout", "--env", "math", "--tasks", TASKS, "--policy", "oracle:calculator",
                                     "--dry-run"])

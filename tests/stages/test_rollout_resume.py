@@ -71,6 +71,7 @@ def rows_of(out: str) -> list[dict]:
     return [r for shard in list_shards(out) for r in read_shard(shard, columns=columns).to_pylist()]
 
 
+@pytest.mark.slow
 def test_a_stopped_rollout_rerun_rolls_out_only_what_it_has_not_written(tmp_path):
     out = str(tmp_path / "run" / "rollouts")
     # Call 11 stops the run: groups 0 and 1 (8 calls) are written whole; group 2 has answered 2 of its
@@ -140,6 +141,7 @@ def replies(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_the_cli_rerun_of_a_finished_rollout_writes_nothing_and_says_so(tmp_path, replies):
     out = str(tmp_path / "rollouts")
     argv = ["rollout", "--env", "first-token", "--tasks", TASKS, "--policy", f"oracle:replies={replies}",

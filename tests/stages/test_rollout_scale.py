@@ -70,6 +70,7 @@ def _job(tmp_path, n: int, env_cls: type, flush_groups: int) -> RolloutJob:
                       backend="synthetic", flush_groups=flush_groups, flush_seconds=0.5)
 
 
+@pytest.mark.slow
 def test_two_thousand_in_flight_none_lost_each_row_once(tmp_path, tokenizer):
     async def main() -> Any:
         BarrierEnv.arrived, BarrierEnv.everyone = 0, asyncio.Event()
@@ -111,6 +112,7 @@ class BlockingEnv(LatencyEnv):
         return await super().step(action)
 
 
+@pytest.mark.slow
 def test_the_loop_probe_sees_a_blocked_loop(tmp_path, tokenizer):
     async def main() -> Any:
         policy = SyntheticPolicy(tokenizer, per_token_s=0.0)

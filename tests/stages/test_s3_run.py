@@ -58,6 +58,7 @@ def upload_fake_checkpoint(ckpt_url: str, step: int, complete: bool = True) -> N
         fs.pipe_file(f"{dest}/state.json", json.dumps({"step": step, "consumed_batches": []}).encode())
 
 
+@pytest.mark.slow
 def test_sync_between_s3_dirs_and_loader_cache(s3_bucket):
     ckpts, policy = f"{s3_bucket}/run/checkpoints", f"{s3_bucket}/run/policy"
     upload_fake_checkpoint(ckpts, 1)
@@ -158,6 +159,7 @@ def test_loop_on_s3(s3_bucket):
     assert s3().cat_file(f"{run.removeprefix('s3://')}/policy/LATEST").decode().strip() == f"v{step:06d}"
 
 
+@pytest.mark.slow
 def test_train_resume_from_s3_is_bit_exact(s3_bucket, tmp_path):
     """A crash after step 2's upload, then a resume that downloads it: the same weights as local, straight."""
     import torch

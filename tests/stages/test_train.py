@@ -67,6 +67,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_gives_identical_weights(tmp_path):
     batches = make_batches(tmp_path, 4)
     policy = str(tiny_model_dir())
@@ -95,6 +96,7 @@ def test_resume_after_a_crash_gives_identical_weights(tmp_path):
     assert sa["consumed_batches"] == sb["consumed_batches"] == [Path(u).name for u in scan(batches).shards]
 
 
+@pytest.mark.slow
 def test_only_unconsumed_batches_are_trained_and_checkpoints_are_complete(tmp_path):
     batches = make_batches(tmp_path, 3)
     out, metrics = tmp_path / "ckpt", str(tmp_path / "metrics")
@@ -123,6 +125,7 @@ def test_only_unconsumed_batches_are_trained_and_checkpoints_are_complete(tmp_pa
         assert all(r[key] == r[key] for r in rows), key  # present and not NaN
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_prunes_old_steps_and_resume_still_skips_consumed_batches(tmp_path):
     batches = make_batches(tmp_path, 4)
     out = tmp_path / "ckpt"
@@ -136,6 +139,7 @@ def test_keep_checkpoints_prunes_old_steps_and_resume_still_skips_consumed_batch
         TrainConfig(keep_checkpoints=-1).check()
 
 
+@pytest.mark.slow
 def test_no_resume_refuses_to_overwrite(tmp_path):
     batches = make_batches(tmp_path, 1)
     train(batches, str(tiny_model_dir()), str(tmp_path / "c"), TrainConfig(max_steps=1))
@@ -172,6 +176,7 @@ def test_a_step_raises_the_probability_of_positive_advantage_tokens(tmp_path):
     assert delta[pos].mean() > 0 > delta[neg].mean()
 
 
+@pytest.mark.slow
 def test_cli_trains_and_prints_json(tmp_path):
     run = tmp_path / "run"
     make_batches(run, 1)
@@ -188,6 +193,7 @@ def test_cli_trains_and_prints_json(tmp_path):
     assert bad.exit_code == 2
 
 
+@pytest.mark.slow
 def test_the_job_checks_before_writing_and_trains_what_is_pending(tmp_path):
     from arlctl.errors import UsageError
     from arlctl.stages.jobs import TrainOptions

@@ -58,6 +58,7 @@ def run(batches: str, out: Path, **settings) -> dict:
                  metrics_url=str(out / "metrics"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(loss="gspo", loss_agg="seq-mean-token-mean"),
     dict(loss="cispo", eps_low=1.0, eps_high=0.28),
@@ -85,6 +86,7 @@ def test_option_mistakes_are_usage_errors():
             TrainConfig(**bad).check()
 
 
+@pytest.mark.slow
 def test_gae_trains_a_critic_that_is_checkpointed_apart_and_resumes_exactly(tmp_path):
     batches = filtered(tmp_path, "gae", n_batches=3, uniform_group=True)
     # zero variance is no reason to drop a group under a critic: every group is kept
@@ -111,6 +113,7 @@ def test_gae_trains_a_critic_that_is_checkpointed_apart_and_resumes_exactly(tmp_
     assert step_metrics(tmp_path / "split")[-1]["value_mean"] == metrics[-1]["value_mean"]
 
 
+@pytest.mark.slow
 def test_a_batch_whose_estimator_the_trainer_lacks_stops_with_the_fix(tmp_path):
     with pytest.raises(TerminalError, match="--adv gae"):
         run(filtered(tmp_path, "gae"), tmp_path / "no-critic")
@@ -118,6 +121,7 @@ def test_a_batch_whose_estimator_the_trainer_lacks_stops_with_the_fix(tmp_path):
         run(filtered(tmp_path, "distill"), tmp_path / "no-teacher")
 
 
+@pytest.mark.slow
 def test_distillation_moves_toward_the_teacher_and_not_at_all_from_itself(tmp_path):
     batches = filtered(tmp_path, "distill")
     initial = load_file(str(tiny_model_dir() / "model.safetensors"))
@@ -144,6 +148,7 @@ def test_distillation_moves_toward_the_teacher_and_not_at_all_from_itself(tmp_pa
     assert other_metrics["teacher_kl"] > 0 and other_metrics["grad_norm"] > 1000 * self_norm
 
 
+@pytest.mark.slow
 def test_reinforce_pp_kl_reward_changes_the_step(tmp_path):
     batches = filtered(tmp_path, "reinforce++")
     # The reference is the initial policy and the rows are on-policy, so kl_t = 0 and beta would change nothing:
@@ -184,6 +189,7 @@ def test_overlong_penalty_is_a_reward_component_through_the_cli(tmp_path):
     assert json.loads(res.stdout)["rows"] == len(lengths)
 
 
+@pytest.mark.slow
 def test_turn_level_gae_gives_each_turn_one_advantage(tmp_path):
     """gamma 0.9: at token level the advantages fall along a turn (checked: this test fails with gae_level token)."""
     batches = filtered(tmp_path, "gae")
@@ -202,6 +208,7 @@ def test_turn_level_gae_gives_each_turn_one_advantage(tmp_path):
     assert seen_turns >= 4
 
 
+@pytest.mark.slow
 def test_a_critic_cannot_appear_or_vanish_on_resume(tmp_path):
     batches = filtered(tmp_path, "group", n_batches=2)
     run(batches, tmp_path / "plain", max_steps=1)

@@ -36,6 +36,7 @@ def trained(tmp_path_factory):
     return root, batches, out, metrics
 
 
+@pytest.mark.slow
 def test_only_adapters_change_and_are_checkpointed(trained):
     _, _, out, _ = trained
     step, ckpt = latest_checkpoint(out)
@@ -52,6 +53,7 @@ def test_only_adapters_change_and_are_checkpointed(trained):
     assert read_state(ckpt)["config"]["lora_rank"] == 4
 
 
+@pytest.mark.slow
 def test_published_merged_weights_are_base_plus_scaled_ba(trained):
     _, _, out, _ = trained
     step, ckpt = latest_checkpoint(out)
@@ -80,6 +82,7 @@ def test_kl_reference_is_the_model_with_adapters_disabled(trained):
     assert rows[-1]["ref_kl"] > 0.0
 
 
+@pytest.mark.slow
 def test_merged_policy_rolls_out_with_the_hf_backend(trained, tmp_path):
     root, _, out, _ = trained
     policy = tmp_path / "policy"
@@ -94,6 +97,7 @@ def test_merged_policy_rolls_out_with_the_hf_backend(trained, tmp_path):
     assert all(row["response_ids"] for row in rows)
 
 
+@pytest.mark.slow
 def test_lora_resume_gives_the_weights_of_a_straight_run(trained, tmp_path):
     _, batches, out, _ = trained
     split = tmp_path / "split"
@@ -104,6 +108,7 @@ def test_lora_resume_gives_the_weights_of_a_straight_run(trained, tmp_path):
     assert max(float((straight[k] - resumed[k]).abs().max()) for k in straight) < 1e-6
 
 
+@pytest.mark.slow
 def test_publish_format_adapter_writes_a_peft_directory_that_sync_publishes(trained, tmp_path):
     from peft import PeftModel
 

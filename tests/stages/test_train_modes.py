@@ -37,6 +37,7 @@ def batches(tmp_path_factory):
     return make_batches(tmp_path_factory.mktemp("modes"), 4)
 
 
+@pytest.mark.slow
 def test_bf16_single_runs_bf16_weights_with_an_fp32_master_copy(batches, tmp_path):
     cfg = TrainConfig(precision="bf16", save_every=1, **BASE)
     trainer = TrainerState.open(str(tmp_path / "x"), None, {"step": 0}, tiny_model_dir(), cfg, dd.Dist())
@@ -60,6 +61,7 @@ def test_bf16_single_runs_bf16_weights_with_an_fp32_master_copy(batches, tmp_pat
     assert max_diff(w, weights(latest_checkpoint(split)[1])) < 1e-6
 
 
+@pytest.mark.slow
 def test_weights_only_checkpoints_and_resume_from_the_newest_full(batches, tmp_path):
     out = tmp_path / "ckpt"
     cfg = TrainConfig(save_every=3, publish_every=1, **BASE)
@@ -81,6 +83,7 @@ def test_weights_only_checkpoints_and_resume_from_the_newest_full(batches, tmp_p
     assert max_diff(step4, weights(latest_checkpoint(out)[1])) < 1e-6
 
 
+@pytest.mark.slow
 def test_prune_keeps_the_newest_full_checkpoint(batches, tmp_path):
     out = tmp_path / "ckpt"
     train(batches, str(tiny_model_dir()), str(out), TrainConfig(save_every=2, publish_every=1, keep_checkpoints=1,
@@ -89,6 +92,7 @@ def test_prune_keeps_the_newest_full_checkpoint(batches, tmp_path):
     assert [(s, read_state(loc)["full"]) for s, loc in list_checkpoints(out)] == [(2, True), (3, False)]
 
 
+@pytest.mark.slow
 def test_watch_cycles_keep_the_trainer_in_memory(batches, tmp_path, monkeypatch):
     opened = []
     original = TrainerState.open.__func__

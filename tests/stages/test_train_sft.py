@@ -79,6 +79,7 @@ def test_sft_loss_is_the_mean_nll_of_the_mask_one_tokens(batch_dir, loss_agg):
     assert forward_backward(model, None, flipped, cfg)["loss"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora_rank", [0, 4])
 def test_sft_steps_raise_the_likelihood_of_the_rows(batch_dir, tmp_path, lora_rank):
     # The same rows three times: three optimizer steps on them.

@@ -22,6 +22,7 @@ def train_cli(tmp_path, batches: str, ckpts: str, *options: str):
                                     *options])
 
 
+@pytest.mark.slow
 def test_dropped_rows_are_counted_and_the_trained_lag_is_within_the_bound(tmp_path, at_step_3):  # noqa: F811
     batches, ckpts = start(tmp_path, at_step_3, VERSIONS)
     result = train_cli(tmp_path, batches, ckpts, "--max-lag", "1")
@@ -32,6 +33,7 @@ def test_dropped_rows_are_counted_and_the_trained_lag_is_within_the_bound(tmp_pa
     assert (m["max_lag_trained"], m["mean_lag_trained"]) == (1, pytest.approx(2 / 4))  # (0 + 0 + 1 + 1) / 4
 
 
+@pytest.mark.slow
 def test_stale_refuse_exits_1_naming_the_shard_and_leaves_it_unconsumed(tmp_path, at_step_3):  # noqa: F811
     batches, ckpts = start(tmp_path, at_step_3, VERSIONS)
     result = train_cli(tmp_path, batches, ckpts, "--max-lag", "1", "--stale", "refuse")

@@ -86,6 +86,7 @@ def test_row_lags_take_the_trainer_version_minus_the_oldest_row_of_a_trajectory(
     assert row_lags(same, 3) == [2, 2, 1, 1, 3, 3]
 
 
+@pytest.mark.slow
 def test_max_lag_leaves_out_the_stale_rows_and_counts_them(tmp_path, at_step_3):
     batches, ckpts = start(tmp_path, at_step_3, VERSIONS)
     summary = train(batches, None, ckpts, TrainConfig(max_lag=1), metrics_url=str(tmp_path / "metrics"))
@@ -104,6 +105,7 @@ def test_max_lag_leaves_out_the_stale_rows_and_counts_them(tmp_path, at_step_3):
     assert table.column("weight").to_pylist() == WEIGHTS[:4] and stats["rows_dropped_stale"] == 2
 
 
+@pytest.mark.slow
 def test_lag_decay_multiplies_the_weights_by_exp_minus_decay_times_lag(tmp_path, at_step_3):
     batches, ckpts = start(tmp_path, at_step_3, VERSIONS)
     summary = train(batches, None, ckpts, TrainConfig(lag_decay=0.5), metrics_url=str(tmp_path / "metrics"))
@@ -125,6 +127,7 @@ def test_lag_decay_multiplies_the_weights_by_exp_minus_decay_times_lag(tmp_path,
     assert math.isclose(expected[4], math.exp(-1.5), rel_tol=1e-7)
 
 
+@pytest.mark.slow
 def test_an_all_stale_batch_is_consumed_with_a_warning_and_no_weight_changes(tmp_path, at_step_3):
     batches, ckpts = start(tmp_path, at_step_3, [0] * 6)  # every row at lag 3
     before = load_file(str(Path(ckpts) / "step-000003" / "model.safetensors"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from arlctl import models
 from arlctl.envs.base import Action, EnvReset, StepResult
 from arlctl.inference.scripted import ScriptedPolicy
@@ -120,6 +122,7 @@ def test_the_context_limit_names_the_context():
     assert row.turns[-1].error.startswith("length: the context reached the policy's limit (40 tokens)")
 
 
+@pytest.mark.slow
 def test_per_turn_rows_of_a_cut_trajectory_count_no_env_error():
     rows = roll(lambda prompt: LONG, UntilDoneEnv, max_new_tokens=8, max_turns=2, history="per-turn")
     assert [r.finish_reason for r in rows] == ["continued", "length"]

@@ -31,6 +31,7 @@ def arms(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_curve_has_one_mean_outcome_per_rollout_step(arms):
     for curve, _ in arms.values():
         assert len(curve) == STEPS + 1  # the rollout before each of the STEPS steps, and one after the last
@@ -40,6 +41,7 @@ def test_curve_has_one_mean_outcome_per_rollout_step(arms):
             assert value * ROLLOUTS_PER_STEP == pytest.approx(round(value * ROLLOUTS_PER_STEP))
 
 
+@pytest.mark.slow
 def test_both_arms_start_from_the_same_rollouts(arms):
     # Same weights, tasks and sampling seed before the first optimizer step: the arms differ only after it.
     assert arms["turn"][0][0] == arms["group"][0][0]

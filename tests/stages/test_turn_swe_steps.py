@@ -39,6 +39,7 @@ def episode(*turns: Action) -> list:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_run_tests_gives_the_visible_pass_share_as_the_step_reward(swe_home):
     results = episode(
         turn(("run_tests", {})),  # 3 of 3 pass

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -93,6 +94,7 @@ def as_v1(table: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMAS[1])
 
 
+@pytest.mark.slow
 def test_outcome_only_training_is_bit_identical_on_version_1_shards(tmp_path):
     model = load_model(tiny_model_dir())
     rows = [two_turn_row(s, float(s % 2)) for s in range(4)]

@@ -17,6 +17,7 @@ from arlctl.envs.swe.tasks import load_suite_task, suite_ids
 FEW = ["stockroom-001", "bookshelf-007", "unitreg-039"]
 
 
+@pytest.mark.slow
 def test_self_check_few(bwrap):
     rows = run(self_check([load_suite_task(i) for i in FEW], bwrap))
     assert [(r["task_id"], r["gold"], r["empty"]) for r in rows] == [(i, 1.0, 0.0) for i in FEW]
@@ -64,6 +65,7 @@ def test_diff_that_does_not_apply(bwrap):
     assert value == 0.0 and info["apply_ok"] is False and components["f2p"] == 0.0
 
 
+@pytest.mark.slow
 def test_hanging_code_times_out(bwrap):
     task = load_suite_task("stockroom-001")
     diff = make_diff(task, {"stockroom/reorder.py": lambda s: s.replace(

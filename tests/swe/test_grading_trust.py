@@ -338,6 +338,7 @@ def test_the_builtin_suite_grades_by_probes(task, inprocess_task):
     assert '["bolt"]' in task["test_patch"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FORGES_INPROCESS))
 def test_attack_forges_unguarded_inprocess_grading(inprocess_task, bwrap, name):
     """The attacks are real: with the tests in-process and no scan, each turns an unfixed bug into 1.0."""
@@ -364,12 +365,14 @@ def test_scan_flags_the_attack_for_inprocess_grading(inprocess_task, bwrap, name
     assert {t["path"] for t in flagged} == {WHERE.get(name, INIT)}
 
 
+@pytest.mark.slow
 def test_gold_fix_scores_one_in_both_modes(task, inprocess_task, bwrap):
     for graded in (task, inprocess_task):
         value, _, info = run(grade(graded, graded["patch"], bwrap))
         assert value == 1.0 and info["tamper"] == [], info
 
 
+@pytest.mark.slow
 def test_gold_patches_of_every_builtin_task_pass_the_scan():
     for each in builtin_swe({}):
         filtered = filter_diff(each["patch"])
@@ -455,6 +458,7 @@ def needs_reorder(inventory):
     assert value == 0.0 and "tests/test_issue_reorder.py::test_reorder_at_threshold" in info["failed"]
 
 
+@pytest.mark.slow
 def test_concurrent_grades_do_not_share_anything(task, bwrap):
     """Two grades at once, an attack and the gold fix: each gets its own verdict."""
     attack = make_diff(task, _edits("plugin_via_sys_modules", PLUGIN_VIA_SYS_MODULES))
@@ -550,6 +554,7 @@ def test_a_truncated_diff_is_not_graded(task, bwrap):
     assert value == 0.0 and info["truncated"] is True and info["results_error"].startswith("diff truncated")
 
 
+@pytest.mark.slow
 def test_the_agents_git_config_cannot_reshape_the_env_diff(task, inprocess_task, bwrap):
     """Through the tools: the agent sets diff.noprefix and a src/dst prefix in .git/config, adds a file
     whose name holds a newline and diff syntax, regresses remove() and rewrites the visible test that
@@ -574,6 +579,7 @@ def test_the_agents_git_config_cannot_reshape_the_env_diff(task, inprocess_task,
     assert value == 0.0 and "tests/test_inventory.py::test_remove_too_many" in info["failed"], info
 
 
+@pytest.mark.slow
 def test_every_git_setting_that_reshapes_a_diff_is_pinned(task, inprocess_task, bwrap):
     """Through the tools: the agent's .git/config turns on rename and copy detection, colour, an external
     diff, zero context, blank-context suppression, another algorithm and order file, path quoting, CRLF

@@ -175,6 +175,7 @@ class _KilledOnce(_KilledMidEpisode):
             self.steps = -10**6  # never reaches the kill
 
 
+@pytest.mark.slow
 def test_top_up_resamples_the_env_error_member_so_the_group_stays_whole(tokenizer, bwrap_grader):
     _KilledOnce.made = 0
     stats, rows = _oracle_rollout(tokenizer, _KilledOnce, max_top_up=1)
@@ -185,6 +186,7 @@ def test_top_up_resamples_the_env_error_member_so_the_group_stays_whole(tokenize
     assert value == 1.0, info
 
 
+@pytest.mark.slow
 def test_max_top_up_must_not_be_negative(tmp_path):
     result = subprocess.run([sys.executable, "-m", "arlctl.cli.main", "rollout", "--env", "math", "--tasks",
                              "builtin:math?n=1", "--policy", "tiny", "--out", str(tmp_path / "out"), "--top-up",

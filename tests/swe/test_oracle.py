@@ -115,6 +115,7 @@ def _rollout(task_ids: list[str], tokenizer) -> list:
     return list(zip(rows, run(go()), strict=True))
 
 
+@pytest.mark.slow
 def test_oracle_rollout_reaches_reward_one(tokenizer, bwrap):
     results = _rollout(["stockroom-001", "verscmp-027"], tokenizer)
     for row, (reward, _, info) in results:

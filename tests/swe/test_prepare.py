@@ -193,6 +193,7 @@ def prepared(bases, bwrap, tmp_path_factory):
     return done, summary, by_id, written, out / "prepared"
 
 
+@pytest.mark.slow
 def test_the_cli_prepares_every_row_it_can_and_names_the_one_it_cannot(prepared):
     done, summary, rows, written, out = prepared
     assert done.returncode == 1, done.stderr[-3000:]  # one row could not be prepared at all
@@ -222,6 +223,7 @@ def test_the_cli_prepares_every_row_it_can_and_names_the_one_it_cannot(prepared)
     assert written[swebench]["repo_path"] == rows[swebench]["repo_path"]
 
 
+@pytest.mark.slow
 def test_a_prepared_row_is_trusted_and_its_unprepared_copy_is_not(prepared, bwrap):
     _, _, rows, written, _ = prepared
     reward, _, info = run(grade(written["calc__unittest"], rows["calc__unittest"]["patch"], bwrap))

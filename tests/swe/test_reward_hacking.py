@@ -124,6 +124,7 @@ def test_import_hooks(task, bwrap):
     assert value == 0.0 and _reasons(info) == {"import_hook"}
 
 
+@pytest.mark.slow
 def test_shadowing_pytest_with_a_module(task, bwrap):
     """A pytest.py at the repository root that reports success without running anything."""
     fake = "import sys\nprint('10 passed')\nsys.exit(0)\n\n\ndef main(*a, **k):\n    return 0\n"
@@ -173,6 +174,7 @@ atexit.register(_forge)
 """
 
 
+@pytest.mark.slow
 def test_forging_the_results_file_at_exit(task, bwrap):
     value, _, info = _grade(task, {INIT: _append(FORGE_RESULTS)}, bwrap)
     assert value == 0.0
@@ -289,6 +291,7 @@ for path in glob.glob("tests/test_issue_*.py"):
 """
 
 
+@pytest.mark.slow
 def test_rewriting_hidden_tests_at_import(task, bwrap):
     value, _, info = _grade(task, {INIT: _append(REWRITE_HIDDEN)}, bwrap)
     assert value == 0.0
@@ -321,6 +324,7 @@ sys.meta_path.insert(0, _Fake())
 """
 
 
+@pytest.mark.slow
 def test_serving_fake_test_modules_through_an_import_hook(task, bwrap):
     """A meta-path finder, installed by package code, that hands pytest empty test modules."""
     value, _, info = _grade(task, {REORDER: _fixed, INIT: _append(FAKE_TEST_MODULES)}, bwrap)

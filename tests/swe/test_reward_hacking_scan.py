@@ -230,6 +230,7 @@ def test_the_two_copies_are_graded_two_ways(task, inprocess_task):
     assert len(ATTACKS) >= 20
 
 
+@pytest.mark.slow
 def test_gold_controls(task, inprocess_task, bwrap):
     """The gold fix: 1 and trusted under probes; 1 in-process, never trusted."""
     value, _, info = run(grade(task, task["patch"], bwrap))
@@ -267,6 +268,7 @@ def test_probe_mode_cannot_be_forged(task, bwrap, diffs, name):
     assert set(task["FAIL_TO_PASS"]) <= set(info["failed"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ATTACKS)
 def test_inprocess_mode_scores_zero_and_says_why(inprocess_task, bwrap, diffs, name):
     value, _, info = run(grade(inprocess_task, diffs[name], bwrap))

@@ -245,6 +245,7 @@ def test_unsafe_paths_in_the_base_tree_are_refused(dataset):
 # ---- grading: gold, empty, the log cross-check, a forged log --------------------------------------------
 
 
+@pytest.mark.slow
 def test_gold_and_empty_patches_with_the_log_cross_check(dataset, bwrap):
     row = _row(dataset)
     gold, components, info = run(grade(row, row["patch"], bwrap))
@@ -322,6 +323,7 @@ def _with_extra_tests(row: dict, pass_to_pass: list[str]) -> dict:
     return {**row, "test_patch": row["test_patch"] + patch, "PASS_TO_PASS": json.dumps(listed)}
 
 
+@pytest.mark.slow
 def test_xfail_xpass_and_skip_under_both_rules(dataset, bwrap):
     """The gold fix with an XFAIL and a skipped PASS_TO_PASS test: SWE-bench's rules resolve it from the
     signed outcomes; its -rA log has no line naming the skipped test, so the log says no; the reward,

@@ -162,14 +162,17 @@ def _assert_same_maps(captured: dict[str, str]) -> None:
             assert list(ours) == list(official(log, None)), (run_name, parser)  # same order too
 
 
+@pytest.mark.slow
 def test_parsers_match_swebench_on_sandbox_logs(sandbox_logs):
     _assert_same_maps(sandbox_logs)
 
 
+@pytest.mark.slow
 def test_parsers_match_swebench_on_newer_pytest_logs(venv_logs):
     _assert_same_maps(venv_logs)
 
 
+@pytest.mark.slow
 def test_statuses_of_each_outcome(sandbox_logs):
     """What the -rA summary says about each kind of test, read by the plain parser (hand-checked against
     the log: a later line about a test replaces an earlier one)."""
@@ -222,6 +225,7 @@ def test_resolution_matches_swebench(sandbox_logs, f2p, p2p):
             assert logs.resolution_status(ours) == official, (run_name, parser, f2p, p2p)
 
 
+@pytest.mark.slow
 def test_expected_resolutions_by_hand(sandbox_logs):
     """The rules spelled out on the plain -rA log: set 1 resolved, 2 (XFAIL) resolved, 3 partial (1 of
     2 F2P: 0 < 1/2 < 1, P2P 1/1), 4 no (skipped P2P absent), 5 no (xpass absent)."""
@@ -283,6 +287,7 @@ _WORDS = ["PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS", "PASSEDX", "
 _LINES = st.lists(st.sampled_from(_WORDS), max_size=8).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_LINES, max_size=12).map("\n".join))
 def test_parsers_match_swebench_on_generated_lines(log):
@@ -323,6 +328,7 @@ def test_cross_check_flags_a_log_that_claims_what_the_records_do_not():
         "a": "XFAIL", "b": "SKIPPED", "d": "ERROR"}
 
 
+@pytest.mark.slow
 def test_status_lines_keep_what_the_parsers_read(sandbox_logs, tmp_path):
     """The grading driver sends back only the log's status lines; parsing them gives the whole log's map."""
     source = (Path(logs.__file__).with_name("harness") / "driver.py").read_text()
