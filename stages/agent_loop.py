@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from arlctl.envs.base import Action, Env, EnvFailure, StepResult, env_info
-from arlctl.inference.base import Generation, Policy, SamplingParams, route_key
+from arlctl.inference.base import DEFAULT_SAMPLING, Generation, Policy, SamplingParams, route_key
 from arlctl.inference.chat import ChatCodec, Segment
 from arlctl.schemas.builder import TrajectoryBuilder
 from arlctl.schemas.rows import TrajectoryRow
@@ -50,14 +50,14 @@ class RolloutConfig:
     concurrency: int = setting(64, "Trajectories in flight.", short="-c")
     max_turns: int = setting(6, "Model turns per trajectory.")
     max_tokens: int = setting(2048, "Response tokens (generated + environment) per trajectory.")
-    max_new_tokens: int = setting(256, "Generated tokens per turn.")
+    max_new_tokens: int = setting(DEFAULT_SAMPLING.max_new_tokens, "Generated tokens per turn.")
     max_context: int = setting(8192, "Prompt + response tokens, never exceeded (the policy's own when it "
                                      "declares one).", cli=False)
     step_timeout: float = setting(30.0, "Seconds per environment step.")
     trajectory_timeout: float = setting(3600.0, "Seconds per trajectory, queueing for the policy included.")
     max_obs_tokens: int = setting(512, "Observation tokens kept per turn.")
-    temperature: float = setting(1.0, "Sampling temperature.")
-    top_p: float = setting(1.0, "Nucleus sampling: keep the smallest token set with this much probability.")
+    temperature: float = setting(DEFAULT_SAMPLING.temperature, "Sampling temperature.")
+    top_p: float = setting(DEFAULT_SAMPLING.top_p, "Nucleus sampling: keep the smallest token set with this much probability.")
     seed: int | None = setting(None, "Sampling seed (per trajectory and turn).")
     retries: int = setting(3, "Retries of a failed generation per turn (exponential backoff).", cli=False)
     retry_backoff: float = setting(0.5, "Seconds before the first retry, doubling.", cli=False)

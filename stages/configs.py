@@ -80,13 +80,15 @@ class FilterConfig:
 @dataclass
 class RewardConfig:
     ON_TRUNCATED = ("grade", "zero", "null")  # the choices of --on-truncated (a class constant, not a setting)
+    GRADE = ON_TRUNCATED[0]  # its default
+    CONCURRENCY = 4  # --concurrency's default
 
     reward: str = setting("math", "Reward function: math, swe, format, a plugin name, module:attr, auto (per row "
                                   "env), a weighted sum such as 'swe + 0.2*judge', or http://HOST:PORT/NAME (a "
                                   "reward served by `arlctl reward-serve`).")
     reward_opt: list[str] = setting(help="KEY=VALUE options of the reward (ENV.KEY=VALUE with --reward auto, "
                                          "COMPONENT.KEY=VALUE with a weighted sum).", factory=list)
-    concurrency: int = setting(4, "Rows graded at once (sandboxed graders, judges; requests to a reward server).")
+    concurrency: int = setting(CONCURRENCY, "Rows graded at once (sandboxed graders, judges; requests to a reward server).")
     quarantine: bool = setting(False, "Move corrupt inputs to _quarantine/ and go on.")
     max_error_frac: float = setting(0.5, "Exit 1 when more than this fraction of rows got no reward.")
     cache: str | None = setting(None, "Reward cache directory (any fsspec URL, s3 included; may be shared by "
@@ -98,7 +100,7 @@ class RewardConfig:
     cache_flush_s: float = setting(60.0, "Write the cache's new entries at least this often while a shard is "
                                          "scored (seconds; and after each shard): a crash loses at most this much "
                                          "grading.")
-    on_truncated: str = setting("grade", "Rows of status truncated (a reply cut by --max-new-tokens, --max-tokens or "
+    on_truncated: str = setting(GRADE, "Rows of status truncated (a reply cut by --max-new-tokens, --max-tokens or "
                                          "the context): grade (as any row), zero (reward 0, not graded) or null "
                                          "(no reward, reward_info.error says why; filter drops them).")
 

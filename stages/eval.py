@@ -29,6 +29,7 @@ from typing import Any
 
 from arlctl.envs.code import mean_pass_at_k
 from arlctl.errors import UsageError
+from arlctl.inference.base import DEFAULT_SAMPLING
 from arlctl.settings import setting
 from arlctl.stages.agent_loop import RolloutConfig
 
@@ -43,8 +44,8 @@ class EvalConfig:
     greedy: bool = setting(False, "One greedy answer per task (temperature 0): the default when --samples is "
                                   "not given; --compare tests paired greedy evals (McNemar).")
     samples: int = setting(0, "K sampled answers per task at --temperature, for pass@k (k = 1, 2, 4, ..., K).")
-    temperature: float = setting(1.0, "Sampling temperature of --samples.")
-    top_p: float = setting(1.0, "Nucleus sampling of --samples.")
+    temperature: float = setting(DEFAULT_SAMPLING.temperature, "Sampling temperature of --samples.")
+    top_p: float = setting(DEFAULT_SAMPLING.top_p, "Nucleus sampling of --samples.")
     seed: int = setting(0, "Sampling seed: every version is sampled with the same seeds, so evals compare.")
     correct_at: float = setting(1.0, "A row is correct when its reward >= this.")
     every: int = setting(1, "--watch: evaluate the published versions whose number is a multiple of N.")

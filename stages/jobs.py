@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arlctl.inference.base import MAX_BATCH
+from arlctl.io.sink import FLUSH_GROUPS, FLUSH_SECONDS, SHARD_PREFIX
 from arlctl.settings import setting
+
+POLL_SECONDS = 5.0  # --poll
+LOCK_WAIT_SECONDS = 0.0  # --lock-wait: a second copy of a stage on the same output fails at once
+MAX_ERROR_FRAC = 0.5  # rollout's --max-error-frac
 
 WATCH_HELP = "Keep running: poll the input and process what is new until SIGTERM/SIGINT."
 POLL_HELP = "Seconds between polls with --watch."
@@ -29,8 +35,8 @@ class RunOptions:
     run: str | None = setting(None, "Run directory that fills the defaults.")
     dry_run: bool = setting(False, "Say what would happen; write nothing.")
     watch: bool = setting(False, WATCH_HELP)
-    poll: float = setting(5.0, POLL_HELP)
-    lock_wait: float = setting(0.0, LOCK_WAIT_HELP)
+    poll: float = setting(POLL_SECONDS, POLL_HELP)
+    lock_wait: float = setting(LOCK_WAIT_SECONDS, LOCK_WAIT_HELP)
     as_json: bool = setting(False, "One JSON summary on stdout.", flag="--json")
     quiet: bool = setting(False, QUIET_HELP, short="-q")
 
@@ -41,8 +47,8 @@ class StageLoop:
     waiting up to `lock_wait` s for the run lock."""
 
     watch: bool = False
-    poll: float = 5.0
-    lock_wait: float = 0.0
+    poll: float = POLL_SECONDS
+    lock_wait: float = LOCK_WAIT_SECONDS
 
 
 def loop_of(opts: RunOptions) -> dict[str, object]:
@@ -69,7 +75,7 @@ class PolicyOptions:
     servers_file: str | None = setting(None, "openai backend: a file of server URLs re-read while running (engines "
                                        "join and drain); default RUN/fleet.json with --run when it exists or no "
                                        "--server is given.")
-    max_batch: int = setting(32, "Sequences per forward pass (hf backend; vllm: max_num_seqs).")
+    max_batch: int = setting(MAX_BATCH, "Sequences per forward pass (hf backend; vllm: max_num_seqs).")
 
 
 @dataclass
@@ -85,16 +91,16 @@ class RolloutOptions(RunOptions, PolicyOptions):
                                   "per env from --tasks ENV=SOURCE or builtin).")
     env_opt: list[str] = setting(help="KEY=VALUE passed to the environment.", factory=list)
     limit: int | None = setting(None, "Use only the first N tasks.")
-    prefix: str = setting("part", "Shard name prefix (e.g. it0003 in a loop).")
+    prefix: str = setting(SHARD_PREFIX, "Shard name prefix (e.g. it0003 in a loop).")
     chat_template_kwargs: list[str] = setting(help="KEY=VALUE for the chat template (repeatable), e.g. "
                                               "enable_thinking=false.", factory=list)
-    max_error_frac: float = setting(0.5, "Exit 1 when more than this share of trajectories ends env_error or "
+    max_error_frac: float = setting(MAX_ERROR_FRAC, "Exit 1 when more than this share of trajectories ends env_error or "
                                     "policy_error.")
     top_up: bool = setting(False, "Resample a member that ends env_error (a dead sandbox: infrastructure, not the "
                            "model) with a new seed, so groups stay at G.")
     max_top_up: int = setting(2, "--top-up: resamples allowed per group.")
-    flush_groups: int = setting(16, "Write a shard every N groups.")
-    flush_seconds: float = setting(60.0, "... or every T seconds.")
+    flush_groups: int = setting(FLUSH_GROUPS, "Write a shard every N groups.")
+    flush_seconds: float = setting(FLUSH_SECONDS, "... or every T seconds.")
     sandbox: str | None = setting(None, "swe: sandbox backend (bwrap, docker, subprocess).")
     sandboxes: int | None = setting(None, "swe: warm sandboxes in the pool.")
     insecure_sandbox: bool = setting(False, "Allow the subprocess backend (trusted code only).")

@@ -89,7 +89,7 @@ class RewardSummary:
     cache_misses: int = 0  # ... and those scored (both 0 without a cache)
     interrupted: str | None = None  # a stop (SIGTERM) came during a shard: which one, left pending
     truncated: int = 0  # rows of status truncated, handled as on_truncated says
-    on_truncated: str = "grade"
+    on_truncated: str = RewardConfig.GRADE
     envs: set[str] = field(default_factory=set)  # the envs of the rows scored (a wrong --reward names them)
     metrics: str | None = None  # the invocation's metrics row, once written (stages/reward_job.py)
     other_reward: list[str] = field(default_factory=list)  # outputs kept from another reward's settings
@@ -284,9 +284,9 @@ def _on_truncated(units: list[_Unit], table: pa.Table, mode: str) -> None:
                        else (None, None, {"error": TRUNCATED_NULL.format(reason=reason), "truncated": "null"}))
 
 
-def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int = 4,
+def reward_table(table: pa.Table, reward: Scorer | AutoReward, concurrency: int = RewardConfig.CONCURRENCY,
                  cache: RewardCache | None = None, overlong: tuple[int, int] | None = None,
-                 stop: Any = None, on_truncated: str = "grade") -> pa.Table:
+                 stop: Any = None, on_truncated: str = RewardConfig.GRADE) -> pa.Table:
     """Return `table` with the reward columns filled by `reward`; every other column is unchanged.
 
     overlong: (L_max, L_cache) of DAPO's soft overlong penalty (arlctl/rl/advantages.py `overlong_penalty`),
@@ -398,10 +398,10 @@ def output_name(input_url: str) -> str:
     return basename(input_url)
 
 
-def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurrency: int = 4, on_corrupt: str = "raise",
+def reward_dir(in_url: str, out_url: str, reward: Scorer | AutoReward, concurrency: int = RewardConfig.CONCURRENCY, on_corrupt: str = "raise",
                dry_run: bool = False, only: list[str] | None = None, worker: tuple[int, int] = (0, 1),
                stop: Any = None, cache: RewardCache | None = None,
-               overlong: tuple[int, int] | None = None, on_truncated: str = "grade") -> RewardSummary:
+               overlong: tuple[int, int] | None = None, on_truncated: str = RewardConfig.GRADE) -> RewardSummary:
     """Reward every input shard not yet consumed by out_url. Returns what was done.
 
     worker=(i, n): take only the shards whose stable hash falls to worker i of n, so n copies on n

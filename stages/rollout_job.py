@@ -27,11 +27,11 @@ from arlctl.io.fs import basename, join
 from arlctl.io.ledger import WrittenSamples, written_samples
 from arlctl.io.run import metrics_dir_for
 from arlctl.io.shards import Lineage, config_hash
-from arlctl.io.sink import GroupShardWriter
+from arlctl.io.sink import FLUSH_GROUPS, FLUSH_SECONDS, SHARD_PREFIX, GroupShardWriter
 from arlctl.render import one_line
 from arlctl.schemas.safe_text import parquet_safe
 from arlctl.stages.agent_loop import RolloutConfig, Stats
-from arlctl.stages.jobs import RolloutOptions
+from arlctl.stages.jobs import MAX_ERROR_FRAC, RolloutOptions
 from arlctl.stages.policy_job import PolicyChoice
 from arlctl.stages.rollout import Resume, rollout
 from arlctl.stages.rollout_daemon import Backpressure, PolicyFollower
@@ -314,12 +314,12 @@ class RolloutJob:
     backend: str = "hf"
     sources: list[str] = field(default_factory=list)  # the task specs, for the shards' lineage
     policy_spec: str = ""
-    flush_groups: int = 16
-    flush_seconds: float = 60.0
-    prefix: str = "part"
+    flush_groups: int = FLUSH_GROUPS
+    flush_seconds: float = FLUSH_SECONDS
+    prefix: str = SHARD_PREFIX
     daemon: DaemonOptions | None = None
     policy: PolicyChoice | None = None  # what `arlctl rollout` loads (None on a dry run: nothing is resolved)
-    max_error_frac: float = 0.5  # above this share of failed trajectories the run fails (RolloutResult.failure)
+    max_error_frac: float = MAX_ERROR_FRAC  # above this share of failed trajectories the run fails (RolloutResult.failure)
     lock_name: str = "rollout"  # the run lock on `out`: one per worker share
 
 

@@ -17,6 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 route_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("arlctl_route_key", default=None)
 
 
+MAX_BATCH = 32  # sequences per forward pass: the hf backend's default and every command's --max-batch
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -25,6 +28,9 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False  # stop only on stop_ids or max_new_tokens (benchmarks, fixed-length probes)
+
+
+DEFAULT_SAMPLING = SamplingParams()  # the sampling defaults of rollout's and eval's options
 
 
 @dataclass

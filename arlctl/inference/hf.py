@@ -49,7 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything we load is local; nev
 import torch  # noqa: E402
 
 from arlctl.errors import TerminalError, TransientError, UsageError  # noqa: E402
-from arlctl.inference.base import Generation, SamplingParams  # noqa: E402
+from arlctl.inference.base import MAX_BATCH, Generation, SamplingParams  # noqa: E402
 from arlctl.inference.sampling_check import check_sampling  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,7 +138,7 @@ class HFPolicy:
         name: str | None = None,
         version: int = 0,
         dtype: str = "float32",
-        max_batch: int = 16,
+        max_batch: int = MAX_BATCH,
         max_batch_tokens: int = 65536,
         num_threads: int | None = None,
     ):

@@ -46,9 +46,15 @@ async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_writer_threads(), fn, *args)
 
 
+# How groups flush into shards (the defaults of rollout's --flush-groups, --flush-seconds and --prefix).
+FLUSH_GROUPS = 16
+FLUSH_SECONDS = 60.0
+SHARD_PREFIX = "part"
+
+
 class GroupShardWriter:
-    def __init__(self, out: str, lineage: Callable[[], Lineage], flush_groups: int = 16,
-                 flush_seconds: float = 60.0, prefix: str = "part", dry_run: bool = False):
+    def __init__(self, out: str, lineage: Callable[[], Lineage], flush_groups: int = FLUSH_GROUPS,
+                 flush_seconds: float = FLUSH_SECONDS, prefix: str = SHARD_PREFIX, dry_run: bool = False):
         self.out = out
         self.lineage = lineage
         self.flush_groups = flush_groups

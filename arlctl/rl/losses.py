@@ -30,9 +30,12 @@ rows under a counted rule and skips a step whose gradient is still non-finite.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
+
+from arlctl.rl.config import TrainConfig
+from arlctl.settings import field_default
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 POLICY_LOSSES = ("ppo-clip", "gspo", "cispo")  # the objectives of policy_loss
@@ -42,6 +45,9 @@ LOSS_KINDS = (*POLICY_LOSSES, "sft")  # `train --loss`: policy_loss | sft_loss
 LOSS_AGG_FOR = {"gspo": ("seq-mean-token-mean",)}
 # exp(20) ~ 4.9e8: far outside any PPO clip band, far inside float32 (as verl clamps its log-ratios).
 LOG_RATIO_CLAMP = 20.0
+# The loss's defaults are `arlctl train`'s (TrainConfig owns them).
+_TRAIN_DEFAULTS = {f.name: field_default(f) for f in fields(TrainConfig)}
+EPS_LOW, EPS_HIGH = _TRAIN_DEFAULTS["eps_low"], _TRAIN_DEFAULTS["eps_high"]
 
 
 def clamped_exp(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -82,8 +88,8 @@ def ppo_clip_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip loss and ratio. logp, old_logp [B, T]; advantages [B] or [B, T].
 
@@ -105,8 +111,8 @@ def gspo_loss(
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token GSPO loss and the sequence ratios. logp, old_logp, mask [B, T]; advantages [B] or [B, T].
 
@@ -134,8 +140,8 @@ def cispo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token CISPO loss and ratio. logp, old_logp [B, T]; advantages [B] or [B, T].
 
@@ -209,16 +215,16 @@ def aggregate_loss(
 
 @dataclass
 class LossConfig:
-    eps_low: float = 0.2
-    eps_high: float = 0.2
+    eps_low: float = EPS_LOW
+    eps_high: float = EPS_HIGH
     tis_cap: float | None = None  # None: no rollout correction; the ratio is taken against the behaviour log-probs
-    kl_coef: float = 0.0
-    loss_agg: str = "token-mean"
-    kind: str = "ppo-clip"  # one of LOSS_KINDS: which objective train_step takes (policy_loss or sft_loss)
-    is_level: str = "token"  # rollout correction (arlctl/rl/correction.py): token | sequence | geometric
-    is_mode: str = "truncate"  # truncate | mask
+    kl_coef: float = _TRAIN_DEFAULTS["kl_coef"]
+    loss_agg: str = _TRAIN_DEFAULTS["loss_agg"]
+    kind: str = _TRAIN_DEFAULTS["loss"]  # one of LOSS_KINDS: which objective train_step takes (policy_loss or sft_loss)
+    is_level: str = _TRAIN_DEFAULTS["is_level"]  # rollout correction (arlctl/rl/correction.py): token | sequence | geometric
+    is_mode: str = _TRAIN_DEFAULTS["is_mode"]  # truncate | mask
     is_low: float | None = None  # the mask mode's lower threshold (default 1 / tis_cap)
-    teacher_kl_coef: float = 0.0  # k3 KL to a teacher's log-probs as a loss term (on-policy distillation)
+    teacher_kl_coef: float = _TRAIN_DEFAULTS["teacher_kl_coef"]  # k3 KL to a teacher's log-probs as a loss term (on-policy distillation)
 
 
 def policy_loss(
