@@ -21,8 +21,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev,s3,docker]"
 	touch $(STAMP)
 
+# Two passes: the tiers whose tests are independent run on every core (pytest-xdist, as the default tier
+# does); those that start several processes each (torchrun ranks, chaos kills) or share one docker engine's
+# containers (a test counts the engine's sandboxes) run one test at a time. Exit 5 is "no test selected"
+# (a PYTEST_TIERS that leaves one pass empty).
+SERIAL_TIERS := distributed or chaos or docker
 test: $(STAMP)
-	$(PY) -m pytest -m "$(PYTEST_TIERS)" -p no:cacheprovider -q
+	$(PY) -m pytest -m "($(PYTEST_TIERS)) and not ($(SERIAL_TIERS))" -p no:cacheprovider -q || test $$? -eq 5
+	$(PY) -m pytest -m "($(PYTEST_TIERS)) and ($(SERIAL_TIERS))" -n 0 -p no:cacheprovider -q || test $$? -eq 5
 
 # The default tier (pyproject's addopts): no slow, integration, e2e (the CLI as a real process), ... tests.
 test-fast: $(STAMP)
