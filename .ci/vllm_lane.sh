@@ -46,6 +46,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
 "$PY" -c "from arlctl.models import ensure_default_model; print(ensure_default_model(progress=False))"
 cd "$ROOT"
 status=0
-"$VENV/bin/pytest" -m vllm tests/vllm_lane -q -p no:cacheprovider "$@" || status=$?
+# pyproject's addopts are the main venv's (pytest-xdist's -n, the default tier's -m): this venv has no
+# xdist, and the lane's tests start a vLLM engine each, so they run one at a time with the plain options.
+"$VENV/bin/pytest" -o addopts="-ra --strict-markers" -m vllm tests/vllm_lane -q -p no:cacheprovider "$@" \
+  || status=$?
 log "lane done in $(( $(date +%s) - start ))s (pytest exit $status)"
 exit "$status"

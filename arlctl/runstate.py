@@ -145,24 +145,23 @@ class _Dir:
         return [u for u in self.shards if basename(u) not in self.consumed]
 
 
-def _consumed_by(out_url: str, cache: ShardCache) -> set[str]:
-    return ledger.consumed_inputs(out_url, lineage_of=lambda url: cache.footer(url).lineage)
-
-
-def _consumed_by_filter(batches_url: str, cache: ShardCache) -> set[str]:
-    return ledger.filter_consumed(batches_url, lineage_of=lambda url: cache.footer(url).lineage)
-
-
 def _scan(run: str, cache: ShardCache) -> dict[str, Any]:
+    """Each directory's shards and which of them the next stage consumed. Stages commit while this lists, so
+    a downstream directory is listed before its upstream one and each consumed set comes from the very
+    listing that is counted: a shard committed between two listings then shows as waiting (counted twice at
+    worst, for one poll), never as consumed by an output not counted. Listing upstream first let a filter
+    commit in between hide its new batches and its inputs at once: a run with work left read as drained."""
     rd = RunLayout(run)
+    lineage_of = lambda url: cache.footer(url).lineage  # noqa: E731
     trainer = trainer_progress(rd.checkpoints)
     policy = published_policy(rd.policy)
+    filtered = ledger.read_filter_ledger(rd.batches, lineage_of)
     rewarded_shards = scan(rd.rewarded).shards
-    batch_shards = scan(rd.batches).shards
     dirs = {
-        "rollouts": _Dir(scan(rd.rollouts).shards, _consumed_by(rd.rewarded, cache)),
-        "rewarded": _Dir(rewarded_shards, _consumed_by_filter(rd.batches, cache)),
-        "batches": _Dir(batch_shards, set(trainer["consumed_batches"])),
+        "rollouts": _Dir(scan(rd.rollouts).shards,
+                         ledger.consumed_inputs(rd.rewarded, lineage_of=lineage_of, shards=rewarded_shards)),
+        "rewarded": _Dir(rewarded_shards, filtered.drained()),
+        "batches": _Dir(filtered.shards, set(trainer["consumed_batches"])),
     }
     return {"dirs": dirs, "trainer": trainer, "policy": policy,
             "trainer_version": ledger.trainer_version(rd.policy, rd.checkpoints)}

@@ -166,23 +166,26 @@ def _numbered(found: list[tuple[str, Location]], pattern: re.Pattern[str]) -> li
 # ----------------------------------------------------------------------------------------------- consumption
 
 
-def consumed_inputs(out_url: str, same_name: bool = False, lineage_of: LineageOf | None = None) -> set[str]:
+def consumed_inputs(out_url: str, same_name: bool = False, lineage_of: LineageOf | None = None,
+                    shards: list[str] | None = None) -> set[str]:
     """Names (basenames) of every input shard recorded in the lineage of shards under out_url.
 
     same_name: the 1:1 rule (reward): a shard vouches only for the input of its own name, so a planted
     `other.parquet` that lists `part-1.parquet` marks nothing consumed. Unreadable lineage counts for
     nothing; its shard's readers report it. lineage_of: a cached footer reader (status); default reads.
+    shards: a listing of out_url already taken (status counts the shards it derives consumption from).
     """
-    return set(consuming_lineage(out_url, same_name, lineage_of))
+    return set(consuming_lineage(out_url, same_name, lineage_of, shards))
 
 
-def consuming_lineage(out_url: str, same_name: bool = False, lineage_of: LineageOf | None = None) -> dict[str, Any]:
+def consuming_lineage(out_url: str, same_name: bool = False, lineage_of: LineageOf | None = None,
+                      shards: list[str] | None = None) -> dict[str, Any]:
     """{input basename: the lineage of the output shard that consumed it} (consumed_inputs' rule), so a stage
     can tell an input consumed under its own settings from one consumed under others."""
     from arlctl.io.shards import scan
 
     consumed: dict[str, Any] = {}
-    for shard in scan(out_url).shards:
+    for shard in scan(out_url).shards if shards is None else shards:
         lineage = _lineage(shard, lineage_of)
         if lineage is None or not isinstance(lineage.inputs, list):
             continue
@@ -237,6 +240,7 @@ class FilterLedger:
     untrusted: list[str] = field(default_factory=list)  # "name: why" for records that count for nothing
     finished_inputs: set[str] = field(default_factory=set)  # inputs of the finished invocations
     foreign_inputs: set[str] = field(default_factory=set)  # inputs named by batches filter did not write
+    shards: list[str] = field(default_factory=list)  # the batch listing these sets were read from (after the manifests)
 
     def drained(self) -> set[str]:
         """Inputs whose rows are all in visible batches: a finished invocation's, or an interrupted one's whose
@@ -299,7 +303,8 @@ def read_filter_ledger(batches_url: str, lineage_of: LineageOf | None = None) ->
         found.finished_inputs.update(basename(i) for i in inputs)
         found.finished.add(invocation)
     found.consumed.update(found.finished_inputs)
-    for shard in scan(batches_url).shards:
+    found.shards = scan(batches_url).shards
+    for shard in found.shards:
         try:
             lineage = (lineage_of or read_lineage)(shard)
         except CorruptShardError as err:

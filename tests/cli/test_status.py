@@ -111,3 +111,46 @@ def test_backlog_and_staleness_follow_lineage_and_the_checkpoint(tmp_path):
     # waiting rows vs trainer version 2: part-b (v1) lag 1 x4, batch-3 (v2) lag 0 x2, batch-p0 (v0) lag 2 x2
     assert state["staleness"]["waiting"]["hist"] == {"0": 2, "1": 4, "2": 2}
     assert state["stages"]["train"]["output_checkpoints"] == 2 and state["trainer_step"] == 2
+
+
+@pytest.mark.parametrize("committed_after", ["rewarded", "batches"])
+def test_a_commit_between_listings_never_reads_as_drained(tmp_path, monkeypatch, committed_after):
+    """Stages commit while status lists. Right after status's first listing of `committed_after`, a real
+    `arlctl reward` (or `arlctl filter`) commits: its output and its consumption of the upstream shard
+    appear at once. Status must then count the upstream shard as waiting (the commit came after its look),
+    never take it as consumed by an output it did not count: a supervisor polling `up --until drained`
+    stopped with batches untrained that way (the chaos tier's S3 run)."""
+    import arlctl.io.shards as shards_module
+    import arlctl.runstate as runstate
+    from arlctl.supervisor import pipeline_drained
+
+    run = tmp_path / "run"
+    arlctl("rollout", "--env", "first-token", "--run", str(run), "-G", "2", "--max-new-tokens", "4", "--seed", "0",
+           "-q", "--tasks", "builtin:first-token?n=2&seed=0", "--policy", "tiny")
+    if committed_after == "batches":
+        arlctl("reward", "--run", str(run), "--reward", "first-token")
+    stage = {"rewarded": ["reward", "--run", str(run), "--reward", "first-token"],
+             "batches": ["filter", "--run", str(run), "--batch-groups", "1", "--keep-uniform", "1", "--adv", "batch"]}
+    watched = str(run / committed_after)
+    real_scan, fired = shards_module.scan, []
+
+    def scan_then_commit(url, *args, **kwargs):
+        listing = real_scan(url, *args, **kwargs)
+        if not fired and str(url).rstrip("/").endswith(watched.rstrip("/")):
+            fired.append(url)
+            arlctl(*stage[committed_after])  # the stage runs against the real scan, once
+        return listing
+
+    monkeypatch.setattr(shards_module, "scan", scan_then_commit)
+    monkeypatch.setattr(runstate, "scan", scan_then_commit)
+    racing = runstate.run_state(str(run))
+    assert fired, "status never listed the watched directory"
+    assert not pipeline_drained(racing)
+    upstream = {"rewarded": "reward", "batches": "filter"}[committed_after]
+    assert racing["stages"][upstream]["waiting_shards"] >= 1
+
+    monkeypatch.setattr(shards_module, "scan", real_scan)
+    monkeypatch.setattr(runstate, "scan", real_scan)
+    settled = runstate.run_state(str(run))  # the next poll sees the commit whole
+    assert settled["stages"][upstream]["waiting_shards"] == 0
+    assert settled["stages"]["filter" if committed_after == "rewarded" else "train"]["waiting_shards"] >= 1
