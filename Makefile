@@ -21,11 +21,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev,s3,docker]"
 	touch $(STAMP)
 
-# Two passes: the tiers whose tests are independent run on every core (pytest-xdist, as the default tier
-# does); those that start several processes each (torchrun ranks, chaos kills) or share one docker engine's
-# containers (a test counts the engine's sandboxes) run one test at a time. Exit 5 is "no test selected"
-# (a PYTEST_TIERS that leaves one pass empty).
-SERIAL_TIERS := distributed or chaos or docker
+# Two passes. First every core (pytest-xdist, as the default tier runs), docker sandboxes included; the tests
+# that may not run beside their own kind carry an xdist_group (tests/xdist_groups.py), which `--dist
+# loadgroup` (pyproject's addopts) runs on one worker in turn. Then the torchrun and chaos tiers one test
+# at a time: each already takes every core (ranks, a supervised daemon loop), and beside other tests they
+# only slowed everything (one pass of all tiers: 35.4 min on 2 cores). Exit 5 is "no test selected" (a
+# PYTEST_TIERS that leaves one pass empty).
+SERIAL_TIERS := distributed or chaos
 test: $(STAMP)
 	$(PY) -m pytest -m "($(PYTEST_TIERS)) and not ($(SERIAL_TIERS))" -p no:cacheprovider -q || test $$? -eq 5
 	$(PY) -m pytest -m "($(PYTEST_TIERS)) and ($(SERIAL_TIERS))" -n 0 -p no:cacheprovider -q || test $$? -eq 5

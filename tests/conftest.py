@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xdist_groups import pytest_collection_modifyitems  # noqa: F401  (the serial groups, a hook)
 
 # The repo root, as `python -m pytest` from it has it: tests import the benchmarks' shared pieces
 # (benchmarks.toy_loop) when pytest runs from its own script too.
@@ -81,3 +82,4 @@ def s3_bucket(s3_server, monkeypatch):
     fs.invalidate_cache()
     yield f"s3://{bucket}"
     fsspec.config.conf.pop("s3", None)
+

@@ -114,16 +114,29 @@ def test_process_flood_past_the_limit_always_names_the_cause(docker_ready, snaps
 
 def test_cancelled_start_leaves_no_container(docker_ready):
     """A pool replacement cancelled mid-start (a rollout ending) must not leak a created container."""
+    import docker
+
     from arlctl.sandbox.docker import DockerSandbox, docker_client
 
+    # Other tests start sandboxes on this engine at the same time (pytest-xdist): count only the containers
+    # that carry this test's mark in their environment.
+    mark = f"ARLCTL_TEST_MARK=cancelled-start-{uuid.uuid4().hex}"
+
     def ours(client) -> set[str]:
-        return {c.name for c in client.containers.list(all=True, filters={"label": "arlctl.sandbox=1"})}
+        names = set()
+        for c in client.containers.list(all=True, filters={"label": "arlctl.sandbox=1"}):
+            try:
+                if mark in (client.api.inspect_container(c.id)["Config"]["Env"] or []):
+                    names.add(c.name)
+            except docker.errors.NotFound:  # another test's container, removed since the listing
+                pass
+        return names
 
     async def scenario():
         client = docker_client()
-        before = ours(client)
+        key, _, value = mark.partition("=")
         for delay in (0.02, 0.05, 0.1, 0.2, 0.4):
-            start = asyncio.ensure_future(DockerSandbox.create(None))
+            start = asyncio.ensure_future(DockerSandbox.create(None, env={key: value}))
             await asyncio.sleep(delay)
             start.cancel()
             try:
@@ -131,7 +144,7 @@ def test_cancelled_start_leaves_no_container(docker_ready):
             except BaseException:
                 pass
         await asyncio.sleep(3)  # the creating threads run on after the cancel; let them finish
-        assert ours(client) - before == set()  # before the fix: one created container per cancel
+        assert ours(client) == set()  # before the fix: one created container per cancel
         client.close()
 
     run(scenario())

@@ -24,6 +24,9 @@ from arlctl.sandbox import SandboxError, make_pool
 from arlctl.sandbox.docker_engines import DockerEngines, parse_hosts
 from arlctl.sandbox.pool import EngineSet, EnginesUnavailable
 
+# Engine b has one socket and one data root: this module's tests run on one pytest-xdist worker, in turn.
+pytestmark = pytest.mark.xdist_group("engine-b")
+
 ONLY_MAIN = "arlctl/only-on-main:1"  # a tag on the main engine alone
 
 

@@ -344,19 +344,20 @@ def test_reward_then_filter_drop_the_untrusted_group(prepared, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_whole_suite_in_both_forms(bases, tmp_path, bwrap):
-    """All 42 built-in tasks with their probe fields removed, and the SWE-bench rows built from them: every row
+@pytest.mark.parametrize("form", ["builtin", "swebench"])
+def test_the_whole_suite_in_both_forms(form, bases, tmp_path, bwrap):
+    """All 42 built-in tasks with their probe fields removed, or the SWE-bench rows built from them: every row
     prepared, no probe verdict disagreeing with pytest's; the unconvertible tests counted with their causes
     (at the time of writing 2 of 187, both in backoff-037: a nested helper that raises is, statically, the
     same as a test failing by raising, so the row grades in-process)."""
     ids = suite_ids()
-    forms = {"builtin": [_unprepared(i) for i in ids], "swebench": build_dataset(bases / "whole", ids)}
-    for name, rows in forms.items():
-        done, summary = _prepare(_write_jsonl(rows, tmp_path / f"{name}.jsonl"), tmp_path / name, timeout=3600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert (summary["rows"], summary["prepared"], summary["failed"]) == (42, 42, []), name
-        assert summary["tests"]["disagrees"] == summary["tests"]["broken"] == 0, summary["disagreements"]
-        assert sum(summary["unconvertible_causes"].values()) == summary["tests"]["unconvertible"]
-        assert f"{summary['tests']['unconvertible']} unconvertible" in done.stderr
-        assert summary["probe_graded"] == sum(r["unconvertible"] == 0 for r in summary["results"]) >= 40
-        assert sum(summary["tests"].values()) == sum(len(_graded(r)) for r in rows)
+    # One form per test, so the two run side by side under xdist.
+    rows = [_unprepared(i) for i in ids] if form == "builtin" else build_dataset(bases / "whole", ids)
+    done, summary = _prepare(_write_jsonl(rows, tmp_path / f"{form}.jsonl"), tmp_path / form, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (summary["rows"], summary["prepared"], summary["failed"]) == (42, 42, []), form
+    assert summary["tests"]["disagrees"] == summary["tests"]["broken"] == 0, summary["disagreements"]
+    assert sum(summary["unconvertible_causes"].values()) == summary["tests"]["unconvertible"]
+    assert f"{summary['tests']['unconvertible']} unconvertible" in done.stderr
+    assert summary["probe_graded"] == sum(r["unconvertible"] == 0 for r in summary["results"]) >= 40
+    assert sum(summary["tests"].values()) == sum(len(_graded(r)) for r in rows)
