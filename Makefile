@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml
 # Two passes. First every core (pytest-xdist, as the default tier runs), docker sandboxes included; the tests
 # that may not run beside their own kind carry an xdist_group (tests/xdist_groups.py), which `--dist
 # loadgroup` (pyproject's addopts) runs on one worker in turn. Then the torchrun and chaos tiers one test
-# at a time: each already takes every core (ranks, a supervised daemon loop), and beside other tests they
-# only slowed everything (one pass of all tiers: 35.4 min on 2 cores). Exit 5 is "no test selected" (a
-# PYTEST_TIERS that leaves one pass empty).
+# at a time: each already starts several processes (ranks, a supervised daemon loop). On 2 cores one pass
+# of every tier (those two as serial groups) took 35.4 min and these two passes 27.2 + 10.6 min, runs too
+# noisy to call either faster; the serial pass keeps those tests off a loaded worker. Exit 5 is "no test
+# selected" (a PYTEST_TIERS that leaves one pass empty).
 SERIAL_TIERS := distributed or chaos
 test: $(STAMP)
 	$(PY) -m pytest -m "($(PYTEST_TIERS)) and not ($(SERIAL_TIERS))" -p no:cacheprovider -q || test $$? -eq 5

@@ -82,4 +82,3 @@ def s3_bucket(s3_server, monkeypatch):
     fs.invalidate_cache()
     yield f"s3://{bucket}"
     fsspec.config.conf.pop("s3", None)
-

@@ -345,7 +345,7 @@ def test_reward_then_filter_drop_the_untrusted_group(prepared, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["builtin", "swebench"])
-def test_the_whole_suite_in_both_forms(form, bases, tmp_path, bwrap):
+def test_the_whole_suite_in_each_form(form, bases, tmp_path, bwrap):
     """All 42 built-in tasks with their probe fields removed, or the SWE-bench rows built from them: every row
     prepared, no probe verdict disagreeing with pytest's; the unconvertible tests counted with their causes
     (at the time of writing 2 of 187, both in backoff-037: a nested helper that raises is, statically, the
