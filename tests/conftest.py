@@ -19,6 +19,9 @@ if REPO_ROOT not in sys.path:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The CLI processes the tests start run one intra-op thread too (below): two workers, each starting a
+# process with a thread per core, would put four busy threads on two cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The tests' models are tiny: one intra-op thread is faster than two fighting over small kernels, and it
 # keeps a loaded machine usable.

@@ -3,7 +3,7 @@
 `--dist loadgroup` (pyproject's addopts) sends the tests of one `xdist_group` to one worker, in turn:
 torchrun worlds (each already takes every core), the chaos runs (each supervises a whole daemon loop), and
 the tests that start the second docker engine (it has one socket and one data root; that module names its
-group). Everything else, docker sandboxes included, runs side by side. (`make test` runs the torchrun and
+group), and the plugin tests (they pip-install a package into the shared venv and uninstall it after). Everything else, docker sandboxes included, runs side by side. (`make test` runs the torchrun and
 chaos tiers in a serial pass of their own; the groups keep them apart under `pytest -m chaos` on xdist.)
 tests/conftest.py imports the hook;
 tests/test_xdist_groups.py checks it on a real pytest-xdist run.

@@ -11,6 +11,8 @@ release; on stores without preconditions (memory://, ...) a read-compare-write u
 a read-back that checks our owner token. A background thread renews the lease every ttl/3; a lease whose
 holder was killed is taken over once `expires_at` passes (clocks of hosts sharing a lease must agree to
 well within ttl). If renewal finds the lease taken, `lost` is set and `check()` raises LockLost.
+The ttl is 60 s unless ARLCTL_LEASE_TTL_S says otherwise (shorter: a killed holder blocks its stage for
+less time; longer: a slow store or a paused host loses its lease less often).
 
 The `_locks/` directory is hidden: shard readers skip underscore-prefixed names.
 """
@@ -30,13 +32,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from arlctl.errors import TransientError
+from arlctl.errors import TransientError, UsageError
 from arlctl.io.fs import get_fs, is_local, join
 
 log = logging.getLogger(__name__)
 
 LOCK_DIR = "_locks"
 _POLL_S = 0.2  # how often a waiting contender retries
+LEASE_TTL_ENV = "ARLCTL_LEASE_TTL_S"
+DEFAULT_LEASE_TTL_S = 60.0
 _GENERIC_CAS = threading.Lock()  # serialises read-compare-write on stores without preconditions
 
 
@@ -59,6 +63,21 @@ class LockLost(TransientError):
     """Our lease was taken over (we could not renew it in time): stop before committing more output."""
 
 
+def lease_ttl_s() -> float:
+    """The lease ttl on object stores: ARLCTL_LEASE_TTL_S (seconds, at least 1) or 60."""
+    raw = os.environ.get(LEASE_TTL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LEASE_TTL_S
+    try:
+        ttl = float(raw)
+    except ValueError:
+        ttl = float("nan")
+    if not 1.0 <= ttl < float("inf"):  # nan fails too; renewal runs every ttl/3
+        raise UsageError(f"{LEASE_TTL_ENV}={raw!r} is not a number of seconds >= 1",
+                          hint=f"unset it for the default {DEFAULT_LEASE_TTL_S:.0f} s")
+    return ttl
+
+
 @dataclass
 class _Lease:
     record: dict[str, Any]
@@ -66,10 +85,12 @@ class _Lease:
 
 
 class RunLock:
-    """`with RunLock(out_url, "reward", ttl_s=60, wait_s=0): ...` — raises LockHeld if not acquired."""
+    """`with RunLock(out_url, "reward", wait_s=0): ...` — raises LockHeld if not acquired. `ttl_s` (object
+    stores only) defaults to lease_ttl_s()."""
 
-    def __init__(self, out_url: str, name: str, ttl_s: float = 60.0, wait_s: float = 0.0):
-        self.out_url, self.name, self.ttl_s, self.wait_s = out_url, name, float(ttl_s), float(wait_s)
+    def __init__(self, out_url: str, name: str, ttl_s: float | None = None, wait_s: float = 0.0):
+        self.ttl_s = lease_ttl_s() if ttl_s is None else float(ttl_s)
+        self.out_url, self.name, self.wait_s = out_url, name, float(wait_s)
         self.fs, out_path = get_fs(out_url)
         self.local = is_local(self.fs)
         self.path = join(out_path, LOCK_DIR, f"{name}.{'lock' if self.local else 'lease'}")

@@ -31,6 +31,7 @@ from collections import Counter
 import pytest
 
 from arlctl.audit import audit_run
+from arlctl.io.lock import LEASE_TTL_ENV
 from arlctl.io.shards import list_shards, read_shard
 from arlctl.supervisor import STAGES, Supervisor, parse_recipe, run
 
@@ -46,7 +47,7 @@ HARD_STOP = 600  # the drain must finish before this, or the test fails (a loade
 
 def chaos_recipe(run_dir: str, logs: str) -> dict:
     # lock-wait: a restarted stage queues behind its killed predecessor's run lock instead of exiting 75
-    # and being restarted in a loop (on S3 a killed holder's lease stays until it expires, 60 s).
+    # and being restarted in a loop (on S3 a killed holder's lease stays until it expires).
     common = {"poll": 1, "lock-wait": 90}
     return {
         "run": run_dir,
@@ -133,8 +134,10 @@ class Chaos:
             self.rollout_floor = self.rollout_shards
 
 
-def run_chaos(run_dir: str, logs: str, seed: int, min_kills: int, **chaos_options) -> None:
-    sup = Supervisor(parse_recipe(chaos_recipe(run_dir, logs), source="chaos"), log=print)
+def run_chaos(run_dir: str, logs: str, seed: int, min_kills: int, env: dict[str, str] | None = None,
+              **chaos_options) -> None:
+    recipe = chaos_recipe(run_dir, logs) | ({"env": env} if env else {})
+    sup = Supervisor(parse_recipe(recipe, source="chaos"), log=print)
     chaos = Chaos(seed, min_kills=min_kills, **chaos_options)
     t0 = time.monotonic()
     result = run(sup, for_s=HARD_STOP, until_drained=True, on_tick=chaos.on_tick, on_state=chaos.on_state)
@@ -162,12 +165,14 @@ def test_chaos_local(tmp_path):
 
 
 def test_chaos_s3(s3_bucket, tmp_path):
-    # A SIGKILLed holder's lease on S3 blocks its stage until it expires (60 s), so each stage is killed
-    # at most once per 75 s here: more often and nothing would get past its lock.
-    run_chaos(f"{s3_bucket}/run", str(tmp_path / "logs"), seed=7, min_kills=5, kill_every=10.0, stage_gap_s=75.0)
+    # A SIGKILLed holder's lease on S3 blocks its stage until it expires, so the recipe sets a 15 s lease
+    # (renewed every 5 s) and each stage is killed at most once per 20 s: more often and nothing would get
+    # past its lock.
+    run_chaos(f"{s3_bucket}/run", str(tmp_path / "logs"), seed=7, min_kills=5, kill_every=8.0, stage_gap_s=20.0,
+              env={LEASE_TTL_ENV: "15"})
 
 
-RESUME_TASKS, RESUME_G = 40, 4
+RESUME_TASKS, RESUME_G = 16, 4
 
 
 def resume_argv(run_dir: str) -> list[str]:

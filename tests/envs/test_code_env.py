@@ -204,7 +204,7 @@ def test_infrastructure_failures_give_null_rewards_never_zero():
     assert "cannot pass a object argument" in odd_argument[2]["error"]
 
 
-@pytest.mark.slow
+@pytest.mark.sweep
 @needs_bwrap
 def test_all_164_gold_solutions_pass_and_empty_bodies_fail():
     """Measured here (2 cores, concurrency 4): about 35-45 s for each pass of 164 grades."""

@@ -25,6 +25,10 @@ from arlctl.io.shards import list_shards, read_shard
 ARLCTL = [sys.executable, "-m", "arlctl.cli.main"]
 PACKAGE = Path(__file__).parent / "plugin_pkg"
 DIST = "arlctl-mypkg-fixture"
+
+# The package is installed into the one venv every xdist worker shares, and uninstalled when the module's
+# tests end: split over two workers, one worker's uninstall would pull it from under the other's tests.
+pytestmark = pytest.mark.xdist_group("plugin-venv")
 WORDS = ["stone", "lamp"]
 
 

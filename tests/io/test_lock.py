@@ -13,7 +13,8 @@ import time
 import fsspec
 import pytest
 
-from arlctl.io.lock import LockHeld, LockLost, RunLock
+from arlctl.errors import UsageError
+from arlctl.io.lock import LEASE_TTL_ENV, LockHeld, LockLost, RunLock
 from arlctl.io.shards import scan
 
 # A holder process: takes the lock, prints "acquired", holds it for HOLD_S, prints "released".
@@ -185,3 +186,17 @@ def test_memory_store_lease_contention():
         assert "since" in str(info.value) and info.value.holder["pid"] == os.getpid()
     with RunLock(out, "reward"):
         pass
+
+
+def test_lease_ttl_comes_from_the_environment(monkeypatch):
+    out = f"memory://lock-ttl-{os.getpid()}-{time.time_ns()}/rewarded"
+    monkeypatch.delenv(LEASE_TTL_ENV, raising=False)
+    assert RunLock(out, "reward").ttl_s == 60.0
+    monkeypatch.setenv(LEASE_TTL_ENV, "12.5")
+    with RunLock(out, "reward") as lock:
+        lease = json.loads(fsspec.filesystem("memory").cat_file(f"{out}/_locks/reward.lease"))
+        assert 11.0 < lease["expires_at"] - time.time() <= 12.5 and lock.ttl_s == 12.5
+    for bad in ("soon", "0.5", "nan", "inf", "-3"):
+        monkeypatch.setenv(LEASE_TTL_ENV, bad)
+        with pytest.raises(UsageError, match=LEASE_TTL_ENV):
+            RunLock(out, "reward")

@@ -23,7 +23,7 @@ def test_self_check_few(bwrap):
     assert [(r["task_id"], r["gold"], r["empty"]) for r in rows] == [(i, 1.0, 0.0) for i in FEW]
 
 
-@pytest.mark.slow
+@pytest.mark.sweep
 def test_self_check_every_task(bwrap):
     rows = run(self_check(None, bwrap))
     assert len(rows) == len(suite_ids()) >= 40

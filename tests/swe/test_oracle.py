@@ -123,7 +123,7 @@ def test_oracle_rollout_reaches_reward_one(tokenizer, bwrap):
         assert reward == 1.0, (row.task_id, info)
 
 
-@pytest.mark.slow
+@pytest.mark.sweep
 def test_oracle_rollout_every_task(tokenizer, bwrap):
     results = _rollout(suite_ids(), tokenizer)
     assert len(results) == len(suite_ids())

@@ -343,7 +343,7 @@ def test_reward_then_filter_drop_the_untrusted_group(prepared, tmp_path):
 # ---- slow: the whole suite ------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("form", ["builtin", "swebench"])
 def test_the_whole_suite_in_each_form(form, bases, tmp_path, bwrap):
     """All 42 built-in tasks with their probe fields removed, or the SWE-bench rows built from them: every row
