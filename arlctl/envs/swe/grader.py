@@ -27,8 +27,8 @@
    changed test files).
 
 6. In-process mode also runs pytest with -rA and brings back the log's status lines: reward_info.swebench
-   holds SWE-bench's official verdict computed from that log and from the signed outcomes
-   (swebench_logs.py), and reward_info.log_disagrees flags a log that says otherwise. The log is never
+   holds SWE-bench's official verdict computed from that log and from the signed outcomes by the
+   swebench package's own parsers and report functions (official.py), and reward_info.log_disagrees flags a log that says otherwise. The log is never
    the authority: the tested process writes it, and code under test can print "PASSED <id>" lines.
 
 reward_info.trusted says where the verdict was computed: True on the host, out of the policy's reach (probe
@@ -60,9 +60,9 @@ from typing import Any
 
 from arlctl.envs.swe.diffs import filter_diff, paths_in
 from arlctl.envs.swe.env import diff_truncation
+from arlctl.envs.swe.official import cross_check
 from arlctl.envs.swe.probes import PROBE_MODULE, verdicts
 from arlctl.envs.swe.scan import scan_diff
-from arlctl.envs.swe.swebench_logs import cross_check, parser_for
 from arlctl.envs.swe.tasks import (
     check_task,
     image_of,
@@ -246,15 +246,16 @@ def score_probes(task: dict[str, Any], report: dict[str, Any]) -> tuple[float, d
 
 
 def _swebench_verdicts(task: dict[str, Any], report: dict[str, Any], key: bytes, trusted: bool) -> dict[str, Any]:
-    """SWE-bench's official verdict from the signed outcomes and from pytest's -rA log (swebench_logs).
+    """SWE-bench's official verdict (the swebench package's own functions, official.py) from the signed
+    outcomes and from pytest's -rA log.
 
     For comparison only: the log is written by the process that runs the policy's code, which can print
     any "PASSED <id>" line it likes, so the reward never reads it. An untrusted run's outcomes are not
     believed here either."""
     records, _ = verify_records(report.get("results", ""), key)
     outcomes = outcomes_from(records) if trusted else {}
-    check = cross_check(outcomes, report.get("status_lines") or "", test_ids(task, "FAIL_TO_PASS"),
-                        test_ids(task, "PASS_TO_PASS"), parser=parser_for(task), exit_code=report.get("exit_code"))
+    check = cross_check(task, outcomes, report.get("status_lines") or "", test_ids(task, "FAIL_TO_PASS"),
+                        test_ids(task, "PASS_TO_PASS"), exit_code=report.get("exit_code"))
     check["log_truncated"] = bool(report.get("status_lines_truncated"))
     return check
 
@@ -305,7 +306,7 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
         reward, components, info = score_report(task, report, key)
         if "status_lines" in report:
             info["swebench"] = _swebench_verdicts(task, report, key, info["records_authentic"])
-            info["log_disagrees"] = not info["swebench"]["agree"]
+            info["log_disagrees"] = None if "error" in info["swebench"] else not info["swebench"]["agree"]
     if not lines:
         info["results_error"] = ("grading driver produced no report (exit "
                                  f"{result.exit_code}): {scrub_log(result.stderr, workdir, 500)}")

@@ -47,7 +47,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from arlctl.envs.swe.swebench_logs import PARSERS
+from arlctl.envs.swe import official
 from arlctl.envs.tasks import int_option, register_task_source, reject_unknown_options
 from arlctl.errors import TerminalError, UsageError
 
@@ -608,9 +608,16 @@ def check_task(task: dict[str, Any]) -> None:
                 raise BadTaskRow(f"swe task {_row_name(task)}: {key} id {node!r} is not a pytest node id "
                                  "(relative/path/test_file.py::test_name)",
                                  hint="arlctl grades rows whose tests run under pytest")
-    if task.get("log_parser") is not None and task["log_parser"] not in PARSERS:
-        raise BadTaskRow(f"swe task {_row_name(task)}: unknown log_parser {task['log_parser']!r}",
-                         hint=f"one of {', '.join(PARSERS)}")
+    if task.get("log_parser") is not None:
+        try:
+            known = official.parser_key(str(task["log_parser"]))
+        except ImportError:
+            raise BadTaskRow(f"swe task {_row_name(task)} names log_parser {task['log_parser']!r}, and "
+                             f"{official.MISSING_PACKAGE}") from None
+        if known is None:
+            names = sorted(k.removeprefix(official.PREFIX) for k in official.registry())
+            raise BadTaskRow(f"swe task {_row_name(task)}: unknown log_parser {task['log_parser']!r}",
+                             hint=f"a parser of the swebench package: {', '.join(names)}")
     for key in ("test_patch", "patch"):
         if key in task and not isinstance(task[key], str):
             raise BadTaskRow(f"swe task {_row_name(task)}: {key} must be a diff string, "

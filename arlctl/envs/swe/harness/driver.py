@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-# The pytest log's status lines come back for the SWE-bench cross-check (swebench_logs.py): at most this
+# The pytest log's status lines come back for the SWE-bench cross-check (official.py): at most this
 # many characters once JSON-escaped, so the report line stays well inside the sandbox's 1 MiB output cap.
 STATUS_LINES_LIMIT = 128_000
 _STATUS_WORDS = (b"PASSED", b"FAILED", b"SKIPPED", b"ERROR", b"XFAIL", b"XPASS")
