@@ -31,6 +31,16 @@ TASKS: a JSONL, JSON (a list of rows) or Parquet file of SWE-bench rows (each wi
   arlctl rollout --env swe --tasks prepared/tasks.jsonl --policy oracle:gold --out /tmp/r
 """
 
+PARSERS_HELP = """List the log parsers of the installed swebench package and the repositories it maps to each.
+
+A row of a repository named here is graded from its runner's log with that parser; a row of any other
+repository names one in its log_parser field (with or without the parse_log_ prefix).
+
+  arlctl swe parsers
+
+  arlctl swe parsers --json | jq 'to_entries[] | select(.value | index("django/django"))'
+"""
+
 SANDBOXES = ("bwrap", "docker")
 MAX_CAUSES_SHOWN = 8
 MAX_DISAGREEMENTS_SHOWN = 20
@@ -191,4 +201,24 @@ def register(app: typer.Typer) -> None:
                                 f"{first['task_id']}: {first['error']}",
                                 hint=f"they are left out of {target}; {report} has every row's report")
 
-    app.add_typer(swe_app, name="swe", help="SWE task rows: prepare them for trusted (probe) grading.")
+    @swe_app.command("parsers", help=PARSERS_HELP)
+    @handle_errors
+    def parsers_cmd(
+        as_json: bool = typer.Option(False, "--json", help="One JSON object: parser -> the repos it is mapped to."),
+    ) -> None:
+        from arlctl.envs.swe import official
+
+        try:
+            keys, repos = official.registry(), official.repo_parsers()
+        except ImportError:
+            raise UsageError(official.MISSING_PACKAGE) from None
+        # by function: an alias (parse_log_flask is parse_log_pytest) lists the repos of the function it names
+        table = {key: sorted(r for r, k in repos.items() if keys[k] is keys[key]) for key in sorted(keys)}
+        if as_json:
+            print_json(table)
+            return
+        for key, mapped in table.items():
+            console.print(plain(f"{key.removeprefix(official.PREFIX):<28} {', '.join(mapped) or '-'}"), soft_wrap=True)
+        console.print(plain(f"{len(table)} parsers, {len(repos)} repositories (the swebench package's own maps)"))
+
+    app.add_typer(swe_app, name="swe", help="SWE task rows: prepare them for trusted (probe) grading; list log parsers.")

@@ -22,6 +22,8 @@ from arlctl.io.shards import Lineage, read_shard, write_shard
 from arlctl.schemas.rows import TrajectoryRow, rows_to_table
 
 NO_PYTEST_IMAGE = "arlctl/test-nopytest:1"
+# One worker builds and removes the image: two would race on the engine (one's teardown removes the other's).
+pytestmark = pytest.mark.xdist_group("no-pytest-image")
 
 
 @pytest.fixture(scope="module")

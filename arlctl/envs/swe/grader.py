@@ -58,6 +58,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from arlctl.envs.swe import official
 from arlctl.envs.swe.diffs import filter_diff, paths_in
 from arlctl.envs.swe.env import diff_truncation
 from arlctl.envs.swe.official import cross_check
@@ -67,6 +68,7 @@ from arlctl.envs.swe.tasks import (
     check_task,
     image_of,
     prepare_snapshot,
+    runner_graded,
     sandbox_options,
     test_files,
     test_ids,
@@ -91,11 +93,14 @@ def _pytest_args(task: dict[str, Any], workdir: str, mode: str) -> list[str]:
 
 
 def grading_mode(task: dict[str, Any]) -> str:
-    """probe: the verdict is computed on the host from recorded values; inprocess: pytest's, authenticated.
+    """probe: the verdict is computed on the host from recorded values; inprocess: pytest's, authenticated;
+    runner: read by the swebench package's parser from the log of the row's own test runner (tasks.runner_graded).
 
     A row is probe-graded when it has its probe form and every FAIL_TO_PASS / PASS_TO_PASS test is in it
     (`arlctl swe prepare` lists each test's status in `probe_tests`; the built-in suite has no such list:
     its every test is converted at build time). Otherwise it is graded in-process, untrusted."""
+    if runner_graded(task):
+        return "runner"
     return "probe" if task.get("probe_patch") and task.get("probe_expected") and not _unusable(task) else "inprocess"
 
 
@@ -109,8 +114,14 @@ def _unusable(task: dict[str, Any]) -> list[str]:
     return [i for i in test_ids(task, "FAIL_TO_PASS") + test_ids(task, "PASS_TO_PASS") if i not in usable]
 
 
+RUNNER_CAUSE = ("runner grading: the verdict is read from the test runner's log, and the tested process writes "
+                "that log (it can print any status line)")
+
+
 def untrusted_cause(task: dict[str, Any]) -> str:
-    """Why an in-process verdict of this row is not trusted: the tested process could have forged it."""
+    """Why an in-process (or runner) verdict of this row is not trusted: the tested process could have forged it."""
+    if grading_mode(task) == "runner":
+        return RUNNER_CAUSE
     unusable = _unusable(task)
     if unusable:
         causes = {t.get("id"): t.get("cause") for t in task.get("probe_tests") or [] if isinstance(t, dict)}
@@ -125,6 +136,12 @@ def _bundle(task: dict[str, Any], diff: str, workdir: str, key: str, marker: str
             allow_subprocess: bool, mode: str | None = None) -> dict[str, Any]:
     nonce = secrets.token_hex(8)
     mode = mode or grading_mode(task)
+    if mode == "runner":
+        script, driver_applies = official.eval_script(task, workdir, bool(image_of(task)))
+        test_patch = (task.get("test_patch") or "") if driver_applies else ""
+        return {"mode": mode, "workdir": workdir, "harness_dir": f"/tmp/arlctl-grade-{nonce}", "diff": diff,
+                "script": script, "test_patch": test_patch, "test_paths": paths_in(task.get("test_patch") or ""),
+                "marker": marker, "timeout": timeout}
     if mode == "probe":  # the probe files import the recorder by its fixed name
         test_patch, module, plugin = task["probe_patch"], PROBE_MODULE, "probe.py"
     else:
@@ -245,6 +262,31 @@ def score_probes(task: dict[str, Any], report: dict[str, Any]) -> tuple[float, d
     return reward, {"f2p": f2p_frac, "p2p": p2p_frac, "tests_passed": reward}, info
 
 
+def score_runner(task: dict[str, Any], report: dict[str, Any]) -> tuple[float, dict, dict]:
+    """Runner mode: the swebench package grades the eval script's log (official.official_report), as its own
+    harness does. Never trusted: the log is the tested process's output."""
+    f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
+    log = report.get("runner_log") or ""
+    verdict = official.official_report(task, log, f2p, p2p, framed=True)
+    verdict["log_truncated"] = bool(report.get("runner_log_truncated"))
+    statuses = verdict.get("statuses") or {}
+    ran = bool(report.get("apply_ok")) and not report.get("timed_out") and not report.get("harness_error")
+    outcomes = {i: (statuses[i].lower() if i in statuses else "missing") for i in f2p + p2p}
+    success = verdict.get("tests_status") or {}
+    f2p_ok = len((success.get("FAIL_TO_PASS") or {}).get("success", [])) if ran else 0
+    p2p_ok = len((success.get("PASS_TO_PASS") or {}).get("success", [])) if ran else 0
+    reward = 1.0 if ran and verdict.get("resolved") else 0.0
+    info: dict[str, Any] = {
+        "mode": "runner", "apply_ok": report.get("apply_ok", False), "exit_code": report.get("exit_code"),
+        "timed_out": report.get("timed_out", False), "harness_tamper": [], "trusted": False,
+        "untrusted_cause": RUNNER_CAUSE, "swebench": verdict, "log_disagrees": None,
+        "passed": sorted(i for i in f2p + p2p if outcomes[i] == "passed"),
+        "failed": sorted(i for i in f2p + p2p if outcomes[i] != "passed"),
+        "missing": sorted(i for i in f2p + p2p if outcomes[i] == "missing"), "outcomes": outcomes}
+    components = {"f2p": f2p_ok / max(len(f2p), 1), "p2p": p2p_ok / max(len(p2p), 1), "tests_passed": reward}
+    return reward, components, info
+
+
 def _swebench_verdicts(task: dict[str, Any], report: dict[str, Any], key: bytes, trusted: bool) -> dict[str, Any]:
     """SWE-bench's official verdict (the swebench package's own functions, official.py) from the signed
     outcomes and from pytest's -rA log.
@@ -277,12 +319,14 @@ def _scan_tamper(filtered: Any, snapshot: str) -> list[dict[str, str]]:
 
 
 async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory, *, timeout: float = 120.0,
-                allow_subprocess: bool = False, scan: bool = True) -> tuple[float | None, dict[str, float], dict[str, Any]]:
+                allow_subprocess: bool = False, scan: bool = True, keep_log: bool = False
+                ) -> tuple[float | None, dict[str, float], dict[str, Any]]:
     """Grade one diff against the task's hidden tests in a fresh sandbox from `sandbox_factory`.
 
     For an image task the factory is called as `factory(snapshot, image=..., workdir=..., env=...)`
     (a docker factory: `sandbox_factory("docker")`). scan=False skips the static scan (tests use it to
-    show that probe mode holds on its own). The reward is None, with info["error"] and info["infra"], when
+    show that probe mode holds on its own); keep_log=True puts a runner-mode row's whole eval log in
+    info["runner_log"] (left out otherwise: it can be 600 KB). The reward is None, with info["error"] and info["infra"], when
     the tests could not run at all (no report from the sandbox, pytest missing or not starting, the
     hidden tests not applying): an infrastructure failure is never a 0 for the policy."""
     started = time.monotonic()
@@ -302,6 +346,10 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
                                                   timeout, allow_subprocess)
     if grading_mode(task) == "probe":
         reward, components, info = score_probes(task, report)
+    elif grading_mode(task) == "runner":
+        reward, components, info = score_runner(task, report)
+        if keep_log:
+            info["runner_log"] = report.get("runner_log") or ""
     else:
         reward, components, info = score_report(task, report, key)
         if "status_lines" in report:
@@ -331,7 +379,12 @@ async def _drive(task: dict[str, Any], diff: str, snapshot: str, sandbox_factory
     try:
         bundle = _bundle(task, diff, sandbox.workdir, key.hex(), marker, timeout, allow_subprocess, mode)
         driver = (HARNESS_DIR / "driver.py").read_text(encoding="utf-8")
-        result = await sandbox.exec(["python3", "-I", "-c", driver], timeout=timeout + 60,
+        command = ["python3", "-I", "-c", driver]
+        entered = official.activation(task, bool(image_of(task))) if (mode or grading_mode(task)) != "runner" else ""
+        if entered.strip():  # pytest runs in the row's test environment (runner mode's script activates it itself)
+            script = "\n".join([*official.guarded(entered), 'exec python3 -I -c "$1"'])
+            command = ["bash", "-c", script, "arlctl-grade", driver]
+        result = await sandbox.exec(command, timeout=timeout + 60,
                                     stdin=json.dumps(bundle).encode())
     finally:
         await sandbox.close()
@@ -376,6 +429,11 @@ def _infra_failure(report: dict[str, Any], info: dict[str, Any], reported: bool)
         return str(info.get("results_error") or "grading driver produced no report")
     if report.get("infra"):
         return str(info["harness_error"] or "the grading harness failed")
+    if info.get("mode") == "runner" and report.get("apply_ok") and not report.get("timed_out") \
+            and official.START not in (report.get("runner_log") or ""):
+        # Activation, the test files' reset and test_patch come before the marker, and none runs model code.
+        return f"the eval script stopped before its tests started (exit {report.get('exit_code')}): " \
+               f"{info['log_tail'][-300:]}"
     # The driver's own pipe says whether pytest reached configure, which is before any model code runs.
     if report.get("apply_ok") and report.get("exit_code") is not None and report.get("started") is False:
         return f"pytest did not start (exit {report.get('exit_code')}): {info['log_tail'][-300:]}"

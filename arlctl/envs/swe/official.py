@@ -110,12 +110,21 @@ def frame(log: str, exit_code: int | None) -> str:
     return f"{START}\n{log}\n{END}\n{tail}"
 
 
+def eval_type_of(task: dict[str, Any]) -> str:
+    """The row's `eval_type`; without one, `fail_only` for a repo the package lists in FAIL_ONLY_REPOS (its
+    parsers record failures only, so an absent test is a pass), else `pass_and_fail`."""
+    if task.get("eval_type"):
+        return str(task["eval_type"])
+    fail_only = getattr(_package().constants, "FAIL_ONLY_REPOS", set())
+    return "fail_only" if str(task.get("repo") or "") in fail_only else "pass_and_fail"
+
+
 def _spec(task: dict[str, Any], parser: str, fail_to_pass: list[str], pass_to_pass: list[str]) -> Any:
     return _package().TestSpec(
         instance_id=str(task.get("instance_id") or task.get("task_id") or "row"), image=str(task.get("image") or ""),
         eval_script_list=[], repo=str(task.get("repo") or ""), version=str(task.get("version") or ""),
         FAIL_TO_PASS=fail_to_pass, PASS_TO_PASS=pass_to_pass, log_parser=parser,
-        eval_type=str(task.get("eval_type") or "pass_and_fail"))
+        eval_type=eval_type_of(task))
 
 
 def tests_report(statuses: dict[str, str], fail_to_pass: Iterable[str], pass_to_pass: Iterable[str],
@@ -154,7 +163,11 @@ def official_report(task: dict[str, Any], log: str, fail_to_pass: list[str], pas
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as handle:
             handle.write(content)
-        statuses, found = sb.grading.get_logs_eval(spec, path)
+        try:
+            statuses, found = sb.grading.get_logs_eval(spec, path)
+        except Exception as err:  # a parser that picks its format from the row's version or id, and lacks it
+            return out | {"error": f"the package's parser {key} could not read this row's log: "
+                                   f"{type(err).__name__}: {err}"}
     finally:
         os.unlink(path)
     out.update(log_found=bool(found), statuses=statuses)
@@ -206,3 +219,58 @@ def cross_check(task: dict[str, Any], outcomes: dict[str, str], log: str, fail_t
         "agree": signed_resolution == report["resolution"], "log_statuses": log_statuses, "disagree": disagree,
         "log_claims_pass": [c for c in disagree if logged.get(c) in passing and signed.get(c) not in passing],
     }
+
+
+# ---- runner-graded rows: the test run the package's eval script makes ----------------------------------
+
+# SWE-bench images keep the test environment in a conda env; this is how their eval scripts enter it.
+CONDA_ACTIVATION = "source /opt/miniconda3/bin/activate\nconda activate testbed"
+DEFAULT_ACTIVATION = f"if [ -f /opt/miniconda3/bin/activate ]; then\n{CONDA_ACTIVATION}\nfi"
+
+
+def activation(task: dict[str, Any], image_task: bool) -> str:
+    """Shell lines that enter the row's test environment: the row's own `activate` (a declared activation,
+    possibly empty), else for an image task the SWE-bench images' testbed conda env where the image has one,
+    else nothing (a snapshot task runs with the sandbox's own interpreter)."""
+    if task.get("activate") is not None:
+        return str(task["activate"])
+    return DEFAULT_ACTIVATION if image_task else ""
+
+
+ACTIVATION_FAILED = 97  # the exit code of a script whose declared activation failed
+
+
+def guarded(lines: str) -> list[str]:
+    """Activation lines that stop the script when they fail (bash goes on past a failed `source` otherwise,
+    and the tests would run in the wrong environment): exit ACTIVATION_FAILED, before the START marker."""
+    if not lines.strip():
+        return []
+    return ["if ! {", *lines.splitlines(), "}; then", "  echo 'arlctl: the test environment could not be "
+            "activated' >&2", f"  exit {ACTIVATION_FAILED}", "fi"]
+
+
+def eval_script(task: dict[str, Any], workdir: str, image_task: bool) -> tuple[str, bool]:
+    """(the bash script that runs the row's tests, whether the driver must apply test_patch first).
+
+    A SWE-bench 5 row carries its own `eval_script` (activation, test_patch applied from a heredoc, the
+    test command between the START/END markers): the package's `make_test_spec` takes it, adding the line
+    that records the test command's exit code, and it runs as it is, except that `base_commit` reads as
+    HEAD, since the grading snapshot is one commit holding base_commit's tree. A row with `test_cmd` gets
+    a script of the same shape built here: its activation, the command between the markers, and the
+    package's exit-code line; the driver applies its test_patch first, as in pytest mode."""
+    sb_utils = importlib.import_module("swebench.harness.utils")
+    if task.get("eval_script"):
+        instance = {"instance_id": str(task.get("instance_id") or task.get("task_id") or "row"),
+                    "image": str(task.get("image") or ""), "repo": str(task.get("repo") or ""),
+                    "version": str(task.get("version") or ""), "FAIL_TO_PASS": task.get("FAIL_TO_PASS") or [],
+                    "PASS_TO_PASS": task.get("PASS_TO_PASS") or [], "log_parser": str(task.get("log_parser") or ""),
+                    "eval_type": eval_type_of(task), "eval_script": task["eval_script"]}
+        script = sb_utils.make_test_spec(instance).eval_script
+        base = str(task.get("base_commit") or "")
+        if len(base) >= 7:
+            script = script.replace(base, "HEAD")
+        return script, False
+    lines = [*guarded(activation(task, image_task)), f"cd {workdir}", f": '{START}'", str(task["test_cmd"]),
+             f": '{END}'"]
+    body = sb_utils.record_test_exit_code(lines)
+    return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n", True

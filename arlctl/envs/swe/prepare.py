@@ -34,7 +34,14 @@ from typing import Any
 from arlctl.envs.swe.diffs import filter_diff, paths_in
 from arlctl.envs.swe.grader import SandboxFactory, run_tests, score_report
 from arlctl.envs.swe.probes import expected_from_gold, to_probe_form, verdicts
-from arlctl.envs.swe.tasks import BadTaskRow, check_task, prepare_snapshot, test_files, test_ids
+from arlctl.envs.swe.tasks import (
+    BadTaskRow,
+    check_task,
+    prepare_snapshot,
+    runner_graded,
+    test_files,
+    test_ids,
+)
 from arlctl.errors import TerminalError
 
 PROBE_FIELDS = ("probe_patch", "probe_expected", "probe_tests")
@@ -42,6 +49,10 @@ PREPARE_VERSION = 1
 _GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
             "GIT_AUTHOR_NAME": "arlctl", "GIT_AUTHOR_EMAIL": "prepare@arlctl", "GIT_COMMITTER_NAME": "arlctl",
             "GIT_COMMITTER_EMAIL": "prepare@arlctl"}
+
+
+RUNNER_ROW_CAUSE = ("the row's tests run under their own runner (eval_script / test_cmd); the probe form "
+                    "covers pytest tests only")
 
 
 @dataclass
@@ -138,6 +149,10 @@ async def prepare_row(row: dict[str, Any], sandbox_factory: SandboxFactory, *, t
     try:
         check_task(task)
         f2p, p2p = test_ids(task, "FAIL_TO_PASS"), test_ids(task, "PASS_TO_PASS")
+        if runner_graded(task):  # kept as it is: graded from its runner's log, untrusted (grader.py)
+            return Prepared(task_id, task, tests=[
+                {"id": i, "kind": kind, "status": "unconvertible", "cause": RUNNER_ROW_CAUSE}
+                for kind, ids in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)) for i in ids])
         gold = filter_diff(task.get("patch") or "")
         if gold.tamper:
             return Prepared(task_id, None, error="the gold patch edits files the grader drops "

@@ -59,6 +59,10 @@ _GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "snapshot@arlctl", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
     "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
     "PATH": "/usr/bin:/bin",
+    # No automatic gc: after committing a large tree (django's ~6,900 files) git packs the loose objects in
+    # the background, deleting files while the snapshot is being copied into a sandbox.
+    "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "gc.auto", "GIT_CONFIG_VALUE_0": "0",
+    "GIT_CONFIG_KEY_1": "maintenance.auto", "GIT_CONFIG_VALUE_1": "false",
 }
 _SKIP_NAMES = {".git", "__pycache__", ".pytest_cache"}
 
@@ -590,24 +594,71 @@ def _row_name(task: dict[str, Any]) -> str:
     return repr(task.get("task_id") or task.get("instance_id") or "<no id>")
 
 
+def _pytest_node_id(node: str) -> bool:
+    path = node.split("::")[0]
+    return ("::" in node and path.endswith(".py") and not path.startswith(("-", "/")) and "\0" not in node
+            and not any(part in ("", ".", "..") for part in path.split("/")))
+
+
+def runner_graded(task: dict[str, Any]) -> bool:
+    """True for a row graded from its own test runner's log (grader.py's runner mode), not under arlctl's pytest
+    harness: a row that declares `test_cmd`, or one with the SWE-bench 5 `eval_script` whose tests pytest
+    cannot be given (ids that are not pytest node ids: django's `test_x (module.Class.test_x)`, sympy's
+    `test_x`) or whose log the package reads with a parser that is not one of its pytest parsers."""
+    if task.get("test_cmd"):
+        return True
+    if not task.get("eval_script"):
+        return False
+    ids = test_ids(task, "FAIL_TO_PASS") + test_ids(task, "PASS_TO_PASS")
+    if not all(_pytest_node_id(i) for i in ids):
+        return True
+    try:
+        key = official.parser_for(task)
+    except ImportError:
+        return True  # check_task says the package is missing
+    return key is not None and not key.startswith(official.PREFIX + "pytest")
+
+
+def _check_runner_row(task: dict[str, Any]) -> None:
+    for key in ("test_cmd", "eval_script", "activate"):
+        if task.get(key) is not None and not isinstance(task[key], str):
+            raise BadTaskRow(f"swe task {_row_name(task)}: {key} must be a string, got {type(task[key]).__name__}")
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        for node in test_ids(task, key):
+            if not node.strip() or "\0" in node or "\n" in node:
+                raise BadTaskRow(f"swe task {_row_name(task)}: {key} holds an empty or multi-line test id {node!r}")
+    try:
+        known = official.parser_for(task)
+    except ImportError:
+        raise BadTaskRow(f"swe task {_row_name(task)} is graded from its runner's log, and "
+                         f"{official.MISSING_PACKAGE}") from None
+    if known is None and task.get("log_parser") is None:
+        raise BadTaskRow(f"swe task {_row_name(task)}: the swebench package knows no log parser for repo "
+                         f"{task.get('repo')!r}, so its runner's log cannot be read",
+                         hint="name one in the row's log_parser field (`arlctl swe parsers` lists them)")
+
+
 def check_task(task: dict[str, Any]) -> None:
     """Raise BadTaskRow for a row the grader could not grade: FAIL_TO_PASS / PASS_TO_PASS not lists of
     pytest node ids (`path/to/test_file.py::name`, a relative path: the file becomes a pytest argument,
-    so `-p x` or `/etc/x` is refused), an empty FAIL_TO_PASS (nothing could ever score 1), or a
-    test_patch / patch that is not text. Checked before a snapshot is built and before grading."""
+    so `-p x` or `/etc/x` is refused) unless the row runs its own runner (`runner_graded`: then any one-line
+    ids, and a log parser the package has, by `log_parser` or by repo), an empty FAIL_TO_PASS (nothing could
+    ever score 1), or a test_patch / patch that is not text. Checked before a snapshot is built and before
+    grading."""
     fail_to_pass = test_ids(task, "FAIL_TO_PASS")
     if not fail_to_pass:
         raise BadTaskRow(f"swe task {_row_name(task)} has no FAIL_TO_PASS tests",
                          hint="every row needs the tests its fix must make pass")
-    for key, ids in (("FAIL_TO_PASS", fail_to_pass), ("PASS_TO_PASS", test_ids(task, "PASS_TO_PASS"))):
-        for node in ids:
-            path = node.split("::")[0]
-            parts = path.split("/")
-            if ("::" not in node or not path.endswith(".py") or path.startswith(("-", "/")) or "\0" in node
-                    or any(part in ("", ".", "..") for part in parts)):
-                raise BadTaskRow(f"swe task {_row_name(task)}: {key} id {node!r} is not a pytest node id "
-                                 "(relative/path/test_file.py::test_name)",
-                                 hint="arlctl grades rows whose tests run under pytest")
+    if runner_graded(task):
+        _check_runner_row(task)
+    else:
+        for key, ids in (("FAIL_TO_PASS", fail_to_pass), ("PASS_TO_PASS", test_ids(task, "PASS_TO_PASS"))):
+            for node in ids:
+                if not _pytest_node_id(node):
+                    raise BadTaskRow(f"swe task {_row_name(task)}: {key} id {node!r} is not a pytest node id "
+                                     "(relative/path/test_file.py::test_name)",
+                                     hint="a row whose tests run under another runner names how to run them: "
+                                          "eval_script (SWE-bench 5 rows) or test_cmd, and log_parser")
     if task.get("log_parser") is not None:
         try:
             known = official.parser_key(str(task["log_parser"]))

@@ -7,6 +7,9 @@ runs pytest in a child process with one of two plugins:
   recorder (harness/probe.py) writes the checked values to a file, and the host compares them;
 - in-process mode (SWE-bench rows, image tasks): the HMAC plugin (harness/plugin.py) receives the
   per-run secret through a pipe (never argv, env or a file) and authenticates pytest's own outcomes.
+Runner mode (rows whose tests run under their own runner: django's, sympy's, ...) runs the row's eval
+script under bash instead and brings back its log, which the host grades with the swebench package's
+parser for that runner; nothing in that log is authenticated (the tested process writes it).
 It prints one line `<marker><json>` with the pytest exit code and the raw results (in-process mode: also
 the status lines of pytest's `-rA` log, for the host's SWE-bench cross-check); the host judges them. The marker is secret too, so output written by model code cannot pass for the driver's. Stdlib only.
 """
@@ -25,6 +28,9 @@ import time
 # many characters once JSON-escaped, so the report line stays well inside the sandbox's 1 MiB output cap.
 STATUS_LINES_LIMIT = 128_000
 _STATUS_WORDS = (b"PASSED", b"FAILED", b"SKIPPED", b"ERROR", b"XFAIL", b"XPASS")
+# Runner mode: the eval script's log comes back whole up to this many characters once JSON-escaped; a longer
+# one keeps its head (the START marker's side) and its tail (the end marker and the exit code).
+RUNNER_LOG_LIMIT = 600_000
 _COLOUR = re.compile(rb"\[(\d+)m")
 _CONTROL = bytes(range(1, 32))
 
@@ -151,6 +157,46 @@ def _status_lines(log_path):
     return "".join(kept), cut
 
 
+def _bounded_log(path):
+    """(text, truncated): the runner's whole log, or its head and tail when it is longer than the limit."""
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    text = raw.decode("utf-8", "replace")
+    if len(json.dumps(text)) <= RUNNER_LOG_LIMIT:
+        return text, False
+    head, tail = text[: RUNNER_LOG_LIMIT // 16], text[-RUNNER_LOG_LIMIT // 2 :]
+    while len(json.dumps(head + tail)) > RUNNER_LOG_LIMIT:  # escaping lengthens control and non-ASCII text
+        tail = tail[len(tail) // 8 :]
+    return head + "\n[arlctl: log cut here]\n" + tail, True
+
+
+def _run_script(bundle, hdir, report):
+    """Runner mode: the row's eval script under bash in its own session, its stdout and stderr one log."""
+    work = bundle["workdir"]
+    script_path, log_path = os.path.join(hdir, "eval.sh"), os.path.join(hdir, "eval.log")
+    with open(script_path, "w", encoding="utf-8") as handle:
+        handle.write(bundle["script"])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["bash", script_path], cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        try:
+            code = proc.wait(timeout=bundle["timeout"])
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+    report["runner_log"], report["runner_log_truncated"] = _bounded_log(log_path)
+    report.update(exit_code=code, timed_out=timed_out, log_tail=report["runner_log"][-4000:])
+
+
+def _no_bash():
+    probe = subprocess.run(["bash", "-c", "true"], capture_output=True, env={"PATH": os.environ.get("PATH", "")})
+    return "" if probe.returncode == 0 else f"bash cannot run in this sandbox (exit {probe.returncode})"
+
+
 def main():
     bundle = json.loads(sys.stdin.read())
     _no_peeking()
@@ -161,7 +207,11 @@ def main():
     started = time.monotonic()
     if bundle["diff"].strip():
         report["apply_ok"], report["apply_error"] = _apply(work, hdir, "agent.diff", bundle["diff"])
-    missing = _pytest_missing(hdir)
+    runner = bundle["mode"] == "runner"
+    try:
+        missing = _no_bash() if runner else _pytest_missing(hdir)
+    except OSError as err:
+        missing = f"the test environment cannot start: {err}"
     if missing:  # the grader cannot run tests here: an infrastructure failure, not the agent's
         report.update(harness_error=missing, infra=True)
     elif report["apply_ok"]:
@@ -169,6 +219,8 @@ def main():
         ok, err = _apply(work, hdir, "tests.diff", bundle["test_patch"]) if bundle["test_patch"].strip() else (True, "")
         if not ok:
             report.update(harness_error="test_patch does not apply: " + err, infra=True)
+        elif runner:
+            _run_script(bundle, hdir, report)
         else:
             with open(os.path.join(hdir, bundle["plugin_module"] + ".py"), "w", encoding="utf-8") as handle:
                 handle.write(bundle["plugin_source"])
