@@ -69,6 +69,10 @@ class RolloutConfig:
                                    "each rendered by the chat template itself.")
     template_kwargs: dict[str, Any] = setting(help="Extra chat-template variables (the CLI's "
                                                    "--chat-template-kwargs).", cli=False, factory=dict)
+    harness: str | None = setting(None, "An agent harness run per sample instead of this loop (the CLI's "
+                                  "--harness: mini-swe-agent, a plug-in or module:factory).", cli=False)
+    harness_options: dict[str, Any] = setting(help="The harness's options (the CLI's --harness-opt).", cli=False,
+                                              factory=dict)
 
     def sampling(self, max_new_tokens: int, seed: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens,
@@ -138,6 +142,7 @@ class Trajectory:
         self.history: list[tuple[str, list[dict[str, Any]]]] = []
 
         self.cut_note: str | None = None  # the `length: ...` note on the last turn's error, when a budget cut it
+        self.extra_rows: list[TrajectoryRow] = []  # a harness run's earlier segments (stages/harness_run.py)
 
     def finish(self, status: str, finish_reason: str) -> TrajectoryRow:
         return self.builder.finish(status, finish_reason)

@@ -90,6 +90,11 @@ class RolloutOptions(RunOptions, PolicyOptions):
     env_mix: str | None = setting(None, "Sample groups across envs at these ratios, e.g. 'swe:0.7,math:0.3' (tasks "
                                   "per env from --tasks ENV=SOURCE or builtin).")
     env_opt: list[str] = setting(help="KEY=VALUE passed to the environment.", factory=list)
+    harness: str | None = setting(None, "Run this agent harness G times per task instead of the built-in loop, its "
+                                  "model calls recorded through an in-process gateway: mini-swe-agent, a plug-in "
+                                  "(entry point arlctl.harnesses) or module:factory.")
+    harness_opt: list[str] = setting(help="KEY=VALUE passed to the harness (mini-swe-agent: step_limit, retries, "
+                                     "config, wall_time_limit).", factory=list)
     limit: int | None = setting(None, "Use only the first N tasks.")
     prefix: str = setting(SHARD_PREFIX, "Shard name prefix (e.g. it0003 in a loop).")
     chat_template_kwargs: list[str] = setting(help="KEY=VALUE for the chat template (repeatable), e.g. "

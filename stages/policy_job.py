@@ -28,6 +28,7 @@ SCRIPTED = {
     "oracle:reasoning-gym": "arlctl.envs.reasoning_gym_oracle:load_scripted",  # regenerated reference answers
     "oracle:replies=": "arlctl.envs.reasoning_gym_oracle:load_scripted",  # replies from a JSONL of task_id -> reply
     "oracle:calculator": "arlctl.envs.math_oracle:load_math_oracle",  # math: calls the calculator, then answers
+    "oracle:harness-": "arlctl.harnesses.oracle:load_harness_oracle",  # swe through --harness: gold / empty
     "oracle:": "arlctl.envs.swe.oracle:load_oracle",  # swe: oracle:gold (gold patches), oracle:empty (no change)
 }
 

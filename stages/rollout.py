@@ -21,13 +21,16 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arlctl.envs.base import Env, as_env
 from arlctl.inference.base import Policy, as_policy
 from arlctl.inference.chat import ChatCodec
 from arlctl.schemas.rows import TrajectoryRow
 from arlctl.schemas.safe_text import safe_row
+
+if TYPE_CHECKING:
+    from arlctl.stages.harness_run import HarnessDriver
 from arlctl.stages.agent_loop import (
     RolloutConfig,
     Stats,
@@ -89,13 +92,14 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
                     cfg: RolloutConfig, stats: Stats, slots: asyncio.Semaphore,
                     turn_hook: Callable[[], Awaitable[None]] | None = None, epoch: int = 0,
                     env_for: EnvChooser | None = None, group_id: str | None = None,
-                    samples: list[int] | None = None) -> list[TrajectoryRow]:
+                    samples: list[int] | None = None, harness: HarnessDriver | None = None) -> list[TrajectoryRow]:
     """The G samples of one task; a group is always returned whole (aborted members included).
 
     env_for: when given, the group runs the env named by the task's own "env" field (cfg.env if it has
     none); an env that cannot be made ends the group's rows as env_error with the cause.
     group_id, samples: the group's id and the sample indices still to run (a resumed group); default a
     fresh id and all of 0..G-1.
+    harness: run each sample through this agent harness instead of the built-in loop (stages/harness_run.py).
     """
     group_id = group_id or str(uuid.uuid4())
     samples = list(range(cfg.group_size)) if samples is None else samples
@@ -128,6 +132,10 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
             env: Env | None = None
             try:
                 env = as_env((env_for(env_name) if env_for is not None else env_factory)())
+                if harness is not None:
+                    from arlctl.stages.harness_run import run_harness
+
+                    return await run_harness(traj, env, cfg, stats, harness)
                 row = await run_trajectory(traj, policy, env, codec, cfg, stats, turn_hook)
                 if row.final_state is None and row.turns:  # ended by a bound: keep what the env holds
                     await final_state_after_bound(row, env, cfg, stats)
@@ -142,7 +150,8 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
                 stats.in_flight -= 1
                 stats.trajectories_done += 1
                 if env is not None:
-                    record_env_info(traj.row, env, stats)  # on every status, before close releases the sandbox
+                    if harness is None:  # a harness run records it in each of its rows
+                        record_env_info(traj.row, env, stats)  # on every status, before close releases the sandbox
                     await _close_env(env, cfg, stats)
 
     tasks = [asyncio.ensure_future(member(i)) for i in range(len(trajs))]
@@ -159,7 +168,7 @@ async def run_group(task: dict[str, Any], policy: Policy, env_factory: Callable[
         raise GroupAborted(_emit(cfg, trajs, rows)) from None
     rows = [r if isinstance(r, TrajectoryRow) else crashed(trajs[i], r, stats) for i, r in enumerate(results)]
     stats.groups_done += 1
-    return _emit(cfg, trajs, rows)
+    return [*(extra for traj in trajs for extra in traj.extra_rows), *_emit(cfg, trajs, rows)]
 
 
 def _aborted(traj: Trajectory, stats: Stats) -> TrajectoryRow:
@@ -258,10 +267,16 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
     running: set[asyncio.Task] = set()  # the group runners; cancelled on stop
     sinking: set[asyncio.Task] = set()  # runner + sink per group; never cancelled, so nothing is lost
     sink_failures: list[BaseException] = []  # a sink that cannot write stops the rollout, then re-raises
+    harness = None
+    if cfg.harness:  # its gateway starts on the first sample
+        from arlctl.stages.harness_run import HarnessDriver
+
+        harness = HarnessDriver(policy, cfg)
 
     async def one_group(task: dict[str, Any], epoch: int, group_id: str, samples: list[int]) -> None:
         runner = asyncio.ensure_future(
-            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch, env_for, group_id, samples))
+            run_group(task, policy, env_factory, codec, cfg, stats, slots, turn_hook, epoch, env_for, group_id, samples,
+                      harness))
         running.add(runner)
         try:
             rows = await asyncio.shield(runner)
@@ -317,7 +332,11 @@ async def rollout(tasks: Iterable[dict[str, Any]], policy: Policy, env_factory: 
         else:
             stats.epochs_done += 1
         epoch += 1
-    await _drain(running, sinking, idle, stop)
+    try:
+        await _drain(running, sinking, idle, stop)
+    finally:
+        if harness is not None:
+            await harness.close()
     if sink_failures:
         raise sink_failures[0]
     return stats

@@ -439,6 +439,16 @@ def plan_rollout(cfg: RolloutConfig, opts: RolloutOptions) -> RolloutJob:
     env_names = picker.check(task_list, env)  # unknown envs or options: a usage error before any work
     # The command's own options that complete the loop settings (--env from the tasks, --top-up gating).
     cfg = replace(cfg, env=env, max_top_up=opts.max_top_up if opts.top_up else 0, template_kwargs=template_kwargs)
+    if opts.harness_opt and not opts.harness:
+        raise UsageError("--harness-opt needs --harness", hint="e.g. --harness mini-swe-agent --harness-opt step_limit=8")
+    if opts.harness:
+        from arlctl.harnesses import make_harness
+
+        harness_options = parse_env_options(opts.harness_opt, "--harness-opt")
+        make_harness(opts.harness, harness_options)  # an unknown harness or option: exit 2 before anything runs
+        if cfg.history != "full":
+            raise UsageError("--harness records whole sessions: --history per-turn does not apply to it")
+        cfg = replace(cfg, harness=opts.harness, harness_options=harness_options)
     job = RolloutJob(cfg=cfg, tasks=task_list, envs=picker, out="", run=opts.run, backend=opts.backend,
                      sources=list(opts.tasks) or [f"builtin:{env}"], policy_spec=opts.policy,
                      flush_groups=opts.flush_groups, flush_seconds=opts.flush_seconds, prefix=opts.prefix,

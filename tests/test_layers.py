@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Higher imports lower. Packages and modules of one rank do not import each other either. Every package
 # and top-level module under arlctl/ (and stages, schemas) has a rank: a new one fails until it is placed.
 RANK = {"cli": 9, "supervisor": 8, "plan": 8, "audit": 8, "stats": 8,
-        "stages": 7, "report": 7, "trackers": 7, "rewards": 6, "synthetic": 6, "doctor": 6, "envs": 5, "serve": 5, "rl": 5,
+        "stages": 7, "report": 7, "trackers": 7, "rewards": 6, "harnesses": 6, "synthetic": 6, "doctor": 6, "envs": 5, "serve": 5, "rl": 5,
         "inference": 4, "tools": 3, "models": 3, "runstate": 3, "sandbox": 2, "io": 2,
         "schemas": 1, "render": 1, "settings": 1, "turn_rows": 1, "errors": 0}
 # Re-export shims kept for one change while their importers move (issue 14); delete the entry with the shim.

@@ -33,8 +33,7 @@ TASKS: a JSONL, JSON (a list of rows) or Parquet file of SWE-bench rows (each wi
 
 PARSERS_HELP = """List the log parsers of the installed swebench package and the repositories it maps to each.
 
-A row of a repository named here is graded from its runner's log with that parser; a row of any other
-repository names one in its log_parser field (with or without the parse_log_ prefix).
+A row of a repository named here is graded from its runner's log with that parser; a row of any other repository names one in its log_parser field (with or without the parse_log_ prefix).
 
   arlctl swe parsers
 

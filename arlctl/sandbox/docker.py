@@ -33,8 +33,12 @@ python3-pytest and git). Engine: `docker_host`, else $DOCKER_HOST, else /run/arl
 exists, else docker's default socket.
 
 Several engines (`docker_hosts`, or $ARLCTL_DOCKER_HOSTS; see docker_engines.py): `create` places each
-sandbox on the engine with the most free capacity and, when that engine turns out unreachable, ejects it
-and places the sandbox on another. `engine` and `placement()` say where a sandbox runs. When an engine
+sandbox on an engine that already holds its image, the one with the most free capacity among them (an
+engine without the image only when none of those has room), and, when that engine turns out unreachable,
+ejects it and places the sandbox on another; a start that fails because the engine has no such image
+(ImageNotOnEngine) corrects what placement knows of that engine and tries the next. When no engine can
+start it, the error names the image and every engine tried with its cause (ImageUnavailable when each
+lacked the image). `engine` and `placement()` say where a sandbox runs. When an engine
 dies under a running sandbox (its exec channel breaks, or a command's reply never comes and the engine
 no longer answers a ping), the command raises SandboxError naming the engine: an infrastructure
 failure, never an exit code a grader could score. The swe env turns it into an env_error row, and
@@ -72,6 +76,24 @@ _RESET_SRC = (Path(__file__).with_name("_lease_reset.py")).read_text()
 _START_TIMEOUT_S = 30.0
 _BACKSTOP_S = 5.0
 _API_TIMEOUT_S = 15.0  # engine API calls after start (inspect, kill, remove): a hung engine costs this
+
+
+class ImageNotOnEngine(SandboxError):
+    """The engine answered, but has no such image (nothing is pulled at sandbox start: `arlctl sandbox
+    prefetch` does that before a run). Another engine may hold it."""
+
+    def __init__(self, message: str, engine: str, image: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.engine, self.image = engine, image
+
+
+class ImageUnavailable(SandboxError):
+    """Every engine that could be tried lacks the image: the task cannot run until it is pulled or built.
+    `tried` maps each engine tried to its cause."""
+
+    def __init__(self, message: str, image: str, tried: dict[str, str], hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.image, self.tried = image, tried
 
 
 def docker_client(docker_host: str | None = None, timeout: float = 60.0):
@@ -171,6 +193,41 @@ def _tar_of(directory: str | None, uid: int, gid: int) -> bytes:
     return buf.getvalue()
 
 
+def _image_not_found(e: Exception) -> bool:
+    try:
+        from docker.errors import ImageNotFound
+    except ImportError:
+        return False
+    return isinstance(e, ImageNotFound)
+
+
+def _start_failure(image: str, tried: dict[str, SandboxError], none_left: SandboxError) -> SandboxError:
+    """The error of a sandbox no engine could start: the image, each engine tried and why, and why no
+    other engine was tried (none_left: at its limit, ejected). ImageUnavailable when every engine tried
+    lacked the image, so the caller can tell a task that cannot run from an outage."""
+    causes = {
+        host: "image not on the engine" if isinstance(e, ImageNotOnEngine) else str(e)
+        for host, e in tried.items()
+    }
+    reasons = getattr(none_left, "reasons", {})
+    others = [f"{host}: {why}" for host, why in reasons.items() if host not in tried]
+    message = (
+        f"docker sandbox from image {image} could not start on any engine; tried "
+        + "; ".join(f"{host}: {cause}" for host, cause in causes.items())
+        + (f"; not tried: {'; '.join(others)}" if others else "")
+    )
+    if all(isinstance(e, ImageNotOnEngine) for e in tried.values()):
+        return ImageUnavailable(
+            message,
+            image,
+            causes,
+            hint=f"no engine tried holds {image}: pull or build it (arlctl sandbox prefetch --tasks FILE "
+            "lists the images each engine lacks)",
+        )
+    last = list(tried.values())[-1]
+    return SandboxError(message, hint=last.hint)
+
+
 class _Demux:
     """Reads the stdout stream out of docker's multiplexed attach protocol (8-byte frame headers)."""
 
@@ -245,7 +302,8 @@ class DockerSandbox:
         **kwargs,
     ) -> DockerSandbox:
         """Start a sandbox; over several engines (`engines`, `docker_hosts` or $ARLCTL_DOCKER_HOSTS, unless
-        one `docker_host` is given) on the one with the most free capacity, skipping any found dead."""
+        one `docker_host` is given) on one that holds its image, by free capacity, skipping any found dead
+        or without the image; when none can start it, the error names the image and each engine tried."""
         if engines is None and (docker_hosts or not kwargs.get("docker_host")):
             hosts = docker_engines.hosts_from(docker_hosts, engine_limit)
             engines = shared_engines(hosts) if hosts else None
@@ -257,15 +315,16 @@ class DockerSandbox:
                 await sb.close()
                 raise
             return sb
-        failed: list[str] = []
-        last_error: SandboxError | None = None
+        image = kwargs.get("image") or DEFAULT_IMAGE
+        holding = await engines.holders(image)
+        tried: dict[str, SandboxError] = {}  # engine -> why the start there failed, in order
         while True:
             try:
-                host = engines.placement.reserve(exclude=failed)
-            except SandboxError:  # no engine left to try: the last start failure says most
-                if last_error is not None:
-                    raise last_error from None
-                raise
+                host = engines.placement.reserve(exclude=tried, holding=holding)
+            except SandboxError as none_left:
+                if not tried:
+                    raise
+                raise _start_failure(image, tried, none_left) from list(tried.values())[-1]
             sb = cls(snapshot, **{**kwargs, "docker_host": host})
             sb.engines, sb._reserved = engines, True
             try:
@@ -274,14 +333,19 @@ class DockerSandbox:
                 await sb.close()
                 if not isinstance(e, SandboxError):
                     raise
+                if isinstance(e, ImageNotOnEngine):
+                    engines.note_image(host, image, False)  # placement knew otherwise, or took a chance
+                    engines.placement.image_placed(host, local=False)
                 if await engines.check(host) is None:  # else it is ejected (and that is logged)
                     # It answers: this start failed (say, the image is not on that engine).
                     engines.placement.confirm(host)
                     log.warning("docker sandbox could not start on %s (%s); trying another engine", host, e)
-                failed.append(host)
-                last_error = e
+                tried[host] = e
                 continue
             engines.placement.confirm(host)
+            # Nothing is pulled at start: a container that was created means the image was there.
+            engines.placement.image_placed(host, local=True)
+            engines.note_image(host, image, True)
             return sb
 
     def placement(self) -> dict[str, str]:
@@ -345,6 +409,14 @@ class DockerSandbox:
                 self.container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
         except Exception as e:
+            if _image_not_found(e):
+                raise ImageNotOnEngine(
+                    f"docker image {self.image} is not on engine {self.engine}",
+                    self.engine,
+                    self.image,
+                    hint="pull or build it there first (arlctl sandbox prefetch --tasks FILE pulls every "
+                    "task's image)",
+                ) from e
             raise SandboxError(
                 f"could not create a container from {self.image}: {e}",
                 hint="build the image with .ci/docker_setup.sh or pass --image",

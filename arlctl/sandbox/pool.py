@@ -22,6 +22,10 @@ free capacity (its limit minus the sandboxes it holds; ties go to the least load
 engine found unreachable is ejected, new sandboxes go to the others, and it is tried again after a
 backoff that doubles while it stays down. The backend reserves a slot when it creates a sandbox and
 releases it when the sandbox closes, so every pool of a run (one per task snapshot) sees the same counts.
+When the backend says which engines already hold the sandbox's image (`reserve(holding=...)`), those
+come first and capacity decides among them: a SWE-bench image is gigabytes, so an engine without it
+would have to pull it (or cannot start the sandbox at all); it gets the sandbox only when no engine that
+holds the image has room. The backend counts each start as an image hit or miss of its engine.
 """
 
 from __future__ import annotations
@@ -292,7 +296,12 @@ async def _close_quietly(sb: Sandbox) -> None:
 
 
 class EnginesUnavailable(SandboxError):
-    """No engine can take another sandbox now: every one is ejected (unreachable) or at its limit."""
+    """No engine can take another sandbox now: every one is ejected (unreachable) or at its limit.
+    `reasons` says why, per engine (what the message lists), for a caller that reports them its own way."""
+
+    def __init__(self, message: str, reasons: dict[str, str] | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.reasons = reasons or {}
 
 
 @dataclass
@@ -309,6 +318,8 @@ class EngineState:
     on_trial: bool = False  # one placement is testing whether an ejected engine is back
     last_error: str | None = None
     last_pick: int = 0  # placement sequence number of its latest pick (ties between equals rotate)
+    image_hits: int = 0  # sandboxes started here that found their image already on this engine
+    image_misses: int = 0  # starts here that found their image missing (failed, or pulled it)
 
     @property
     def up(self) -> bool:
@@ -327,6 +338,8 @@ class EngineState:
             "placed": self.placed,
             "ejections": self.ejections,
             "last_error": self.last_error,
+            "image_hits": self.image_hits,
+            "image_misses": self.image_misses,
         }
 
 
@@ -352,22 +365,33 @@ class EngineSet:
         self._lock = threading.Lock()
         self._picks = 0
 
-    def reserve(self, exclude: Iterable[str] = ()) -> str:
+    def reserve(self, exclude: Iterable[str] = (), holding: Iterable[str] | None = None) -> str:
         """The engine with the most free capacity (ties: fewest sandboxes, then the one picked longest
-        ago), its count already raised; EnginesUnavailable when none can take one."""
+        ago), its count already raised; EnginesUnavailable when none can take one.
+
+        holding: the engines known to hold the sandbox's image. Given, only those are considered while
+        one of them can take the sandbox; the others only when none can (that start then pulls the image
+        or fails, and the backend says so through image_placed())."""
         skip = set(exclude)
         with self._lock:
             now = self.clock()
             candidates = [
                 e
                 for e in self.engines.values()
-                if e.name not in skip and e.free > 0 and (e.up or (now >= e.ejected_until and not e.on_trial))
+                if e.name not in skip and e.free > 0 and self._placeable(e, now)
             ]
             if not candidates:
+                reasons = self._why_none(skip, now)
                 raise EnginesUnavailable(
-                    self._why_none(skip, now),
+                    "no docker engine can take another sandbox: "
+                    + "; ".join(f"{name}: {why}" for name, why in reasons.items()),
+                    reasons,
                     hint="check the engines (arlctl sandbox prefetch) or raise their limits",
                 )
+            holders = None if holding is None else set(holding)
+            if holders is not None:
+                local = [e for e in candidates if e.name in holders]
+                candidates = local or candidates
             best = min(candidates, key=lambda e: (-e.free, e.count, e.last_pick))
             if not best.up:
                 best.on_trial = True  # the only placement until it proves the engine is back
@@ -375,19 +399,30 @@ class EngineSet:
             best.count, best.placed, best.last_pick = best.count + 1, best.placed + 1, self._picks
             return best.name
 
-    def _why_none(self, skip: set[str], now: float) -> str:
-        parts = []
+    @staticmethod
+    def _placeable(e: EngineState, now: float) -> bool:
+        """Up, or ejected with its backoff over and no trial placement under way."""
+        return e.up or (now >= e.ejected_until and not e.on_trial)
+
+    def placeable(self) -> list[str]:
+        """The engines reserve() could pick now, room aside: the ones worth asking about an image."""
+        with self._lock:
+            now = self.clock()
+            return [e.name for e in self.engines.values() if self._placeable(e, now)]
+
+    def _why_none(self, skip: set[str], now: float) -> dict[str, str]:
+        """Why each engine cannot take a sandbox now: {name: reason}."""
+        reasons = {}
         for e in self.engines.values():
             if e.name in skip:
-                parts.append(f"{e.name}: failed just now")
+                reasons[e.name] = "failed just now"
             elif not e.up:
-                parts.append(
-                    f"{e.name}: unreachable, retried in {max(0.0, e.ejected_until - now):.1f}s"
-                    + (f" ({e.last_error})" if e.last_error else "")
+                reasons[e.name] = f"unreachable, retried in {max(0.0, e.ejected_until - now):.1f}s" + (
+                    f" ({e.last_error})" if e.last_error else ""
                 )
             else:
-                parts.append(f"{e.name}: at its limit ({e.count}/{e.limit})")
-        return "no docker engine can take another sandbox: " + "; ".join(parts)
+                reasons[e.name] = f"at its limit ({e.count}/{e.limit})"
+        return reasons
 
     def confirm(self, name: str) -> None:
         """A sandbox placed on `name` runs: an engine on trial is back in the set."""
@@ -396,6 +431,17 @@ class EngineSet:
             if not e.up:
                 log.warning("engine %s answers again; placing sandboxes on it", name)
             e.ejected_until, e.backoff_s, e.on_trial = 0.0, 0.0, False
+
+    def image_placed(self, name: str, local: bool) -> None:
+        """What a start on `name` found: its image there (local: a hit) or not (a miss: the start failed
+        with image-not-found, or had to pull). Counted here, not at reserve(), since what placement knew
+        of an engine's images may be out of date."""
+        with self._lock:
+            e = self.engines[name]
+            if local:
+                e.image_hits += 1
+            else:
+                e.image_misses += 1
 
     def release(self, name: str) -> None:
         with self._lock:

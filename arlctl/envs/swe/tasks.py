@@ -475,17 +475,48 @@ def sandbox_options(task: dict[str, Any], kind: str) -> dict[str, Any]:
 _IMAGE_PATHS: dict[str, str] = {}
 
 
+class ImageMissing(TerminalError):
+    """A task's image is on none of the engines looked at: that row's failure (env_error in a rollout, a null
+    reward with this cause in `arlctl reward`), never a usage error that stops the whole stage."""
+
+
+def _engines() -> list[str | None]:
+    """The engines an image is looked up on: the default ($DOCKER_HOST), then every $ARLCTL_DOCKER_HOSTS entry."""
+    from arlctl.sandbox.docker_engines import hosts_from
+
+    try:
+        listed = [url for url, _ in hosts_from(None)]
+    except UsageError:
+        listed = []
+    return [None, *[url for url in listed if url != os.environ.get("DOCKER_HOST")]]
+
+
+def _find_image(image: str, engines: list[str | None]) -> tuple[Any, Any]:
+    """(client, image) from the first engine holding `image`; the caller closes the client."""
+    from arlctl.sandbox.docker import docker_client
+
+    tried: list[str] = []
+    for host in engines:
+        try:
+            client = docker_client(host)
+        except Exception as e:
+            tried.append(f"{host or 'default'}: {type(e).__name__}: {e}")
+            continue
+        try:
+            return client, client.images.get(image)
+        except Exception as e:
+            tried.append(f"{host or os.environ.get('DOCKER_HOST') or 'default'}: {type(e).__name__}")
+            client.close()
+    raise ImageMissing(f"docker image {image} is on no engine looked at ({'; '.join(tried)})",
+                       hint="build or pull it there first; `arlctl sandbox prefetch --tasks FILE` lists what is missing")
+
+
 def _image_path(image: str) -> str:
     """The image's own PATH (a SWE-bench image's conda env), so its python3 and pytest are found."""
     if image not in _IMAGE_PATHS:
-        from arlctl.sandbox.docker import docker_client
-
-        client = docker_client()
+        client, found = _find_image(image, _engines())
         try:
-            env = client.images.get(image).attrs.get("Config", {}).get("Env") or []
-        except Exception as e:
-            raise UsageError(f"docker image {image} is not on the engine: {e}",
-                             hint="docker pull or build it first") from e
+            env = found.attrs.get("Config", {}).get("Env") or []
         finally:
             client.close()
         paths = [e.partition("=")[2] for e in env if e.startswith("PATH=")]
@@ -494,18 +525,11 @@ def _image_path(image: str) -> str:
 
 
 def prepare_image_snapshot(task: dict[str, Any], docker_host: str | None = None) -> str:
-    """Export `repo_dir` of the task's image into a one-commit snapshot, once per image id."""
-    from arlctl.sandbox.docker import docker_client
-
+    """Export `repo_dir` of the task's image into a one-commit snapshot, once per image id (from `docker_host`,
+    else the first engine of _engines that holds the image)."""
     image_ref, where = image_of(task), repo_dir(task)
-    client = docker_client(docker_host)
+    client, image = _find_image(str(image_ref), [docker_host] if docker_host else _engines())
     try:
-        try:
-            image = client.images.get(image_ref)
-        except Exception as e:
-            raise UsageError(
-                f"docker image {image_ref} of swe task {task.get('task_id')!r} is not on the engine: {e}",
-                hint="docker pull (or build) the instance image first") from e
         tag = image.id.split(":")[-1][:16]
         if where != DEFAULT_REPO_DIR:
             tag += "-" + hashlib.sha256(where.encode()).hexdigest()[:8]
