@@ -64,3 +64,16 @@ def pool_factory(snapshot):
         return make_pool(kind, str(snapshot), size=size, max_wait_s=60, **{**LIMITS, **overrides})
 
     return factory
+
+
+@pytest.fixture(scope="module")
+def engine_b():
+    """A second real docker engine on its own socket (docker_engines.ExtraEngine), for one module's tests;
+    modules that use it share the xdist group `engine-b` (one socket, one data root)."""
+    from docker_engines import IMAGE, MAIN_URL, ExtraEngine, engine_answers, has_image
+
+    if not engine_answers(MAIN_URL) or not has_image(MAIN_URL):
+        pytest.skip(f"no docker engine with {IMAGE} at {MAIN_URL}; run .ci/docker_setup.sh")
+    engine = ExtraEngine("b").start()
+    yield engine
+    engine.stop()

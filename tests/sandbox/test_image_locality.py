@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 import pytest
-from docker_engines import IMAGE, MAIN_URL, ExtraEngine, engine_answers, has_image
+from docker_engines import IMAGE, MAIN_URL
 from sandbox_helpers import LIMITS, run
+from test_multi_docker import Clock
 from typer.testing import CliRunner
 
 from arlctl.sandbox import SandboxError, make_pool, make_sandbox
@@ -45,14 +46,6 @@ BOTH = [IMAGE, TAG.format("both-1"), TAG.format("both-2")]
 A_ONLY = [TAG.format(f"a-{i}") for i in range(1, 4)]
 B_ONLY = [TAG.format(f"b-{i}") for i in range(1, 3)]
 NOWHERE = [TAG.format(f"nowhere-{i}") for i in range(1, 3)]
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # ---- placement rules (no engine needed) -----------------------------------------------------------
@@ -135,15 +128,6 @@ def build_image(url: str, tag: str) -> None:
     dockerfile = f"FROM {IMAGE}\nLABEL arlctl.test.image={tag}\n".encode()
     built = _docker(url, "build", "-q", "-t", tag, "-", stdin=dockerfile)
     assert built.returncode == 0, built.stderr.decode()[-500:]
-
-
-@pytest.fixture(scope="module")
-def engine_b():
-    if not engine_answers(MAIN_URL) or not has_image(MAIN_URL):
-        pytest.skip(f"no docker engine with {IMAGE} at {MAIN_URL}; run .ci/docker_setup.sh")
-    engine = ExtraEngine("b").start()
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import json
 import time
 
 import pytest
-from docker_engines import IMAGE, MAIN_URL, ExtraEngine, engine_answers, has_image
+from docker_engines import IMAGE, MAIN_URL
 from sandbox_helpers import LIMITS, run
 from typer.testing import CliRunner
 
@@ -142,13 +142,6 @@ def test_a_pool_whose_start_partly_fails_creates_the_rest_in_the_background(snap
 # ---- two real engines -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine_b():
-    if not engine_answers(MAIN_URL) or not has_image(MAIN_URL):
-        pytest.skip(f"no docker engine with {IMAGE} at {MAIN_URL}; run .ci/docker_setup.sh")
-    engine = ExtraEngine("b").start()
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture

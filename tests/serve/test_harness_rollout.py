@@ -21,11 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-from serve_helpers import assert_contiguous, assert_token_exact
-
-from arlctl.schemas.trajectory import validate
+from serve_helpers import assert_contiguous, assert_token_exact, read_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("minisweagent") is None,
                                                    reason="mini-swe-agent is not installed (pip install -e '.[dev]')")]
@@ -42,12 +39,7 @@ def cli(*args: str, cwd: Path, check: bool = True, **env: str) -> subprocess.Com
 
 
 def rows(directory: Path) -> list[dict]:
-    out = []
-    for path in sorted(directory.glob("*.parquet")):
-        table = pq.read_table(path)
-        validate(table)
-        out.extend(table.to_pylist())
-    return out
+    return read_rows(directory)  # every shard validated against the schema
 
 
 def info(row: dict) -> dict:

@@ -81,6 +81,15 @@ def _restore(work, paths):
             os.remove(target)
 
 
+def _wait(proc, timeout):
+    """(exit code, timed out): the whole session of `proc` is killed at the timeout."""
+    try:
+        return proc.wait(timeout=timeout), False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(), True
+
+
 def _run_pytest(bundle, hdir, key_setup):
     """pytest in a child; the HMAC plugin gets its key through a pipe, the probe recorder a results path.
 
@@ -115,13 +124,7 @@ def _run_pytest(bundle, hdir, key_setup):
                                 pass_fds=(read_fd, started_w), start_new_session=True)
         os.close(read_fd)
         os.close(started_w)
-        timed_out = False
-        try:
-            code = proc.wait(timeout=bundle["timeout"])
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
+        code, timed_out = _wait(proc, bundle["timeout"])
     with open(log_path, "rb") as handle:
         log_tail = handle.read()[-4000:].decode("utf-8", "replace")
     os.set_blocking(started_r, False)
@@ -181,13 +184,7 @@ def _run_script(bundle, hdir, report):
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", script_path], cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        timed_out = False
-        try:
-            code = proc.wait(timeout=bundle["timeout"])
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
+        code, timed_out = _wait(proc, bundle["timeout"])
     report["runner_log"], report["runner_log_truncated"] = _bounded_log(log_path)
     report.update(exit_code=code, timed_out=timed_out, log_tail=report["runner_log"][-4000:])
 
