@@ -472,3 +472,37 @@ def test_rollout_row_whose_image_is_nowhere_is_env_error_and_the_others_finish(i
     for row in ok_rows:
         cause = json.loads(row["reward_info"])
         assert "on no engine" in json.dumps(cause) and json.loads(row["env_info"])["image"] in json.dumps(cause)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_an_image_only_on_the_sandbox_engines_is_found_there_for_the_env_and_the_grader(images, monkeypatch):
+    """A row's image lives only on engine b, which the user names as the sandboxes' engine (the backend's
+    docker_hosts: `--docker-host`, `--reward-opt docker_hosts=`), while $DOCKER_HOST is the main engine and
+    $ARLCTL_DOCKER_HOSTS is unset. Looking only at the environment the image is missing (ImageMissing);
+    given the engines, the env's options and snapshot come from b, and the grader scores the gold patch 1.0
+    and the empty one 0.0 in sandboxes on b."""
+    from arlctl.envs.swe.grader import score
+    from arlctl.envs.swe.tasks import ImageMissing, prepare_snapshot, sandbox_options
+
+    a, b = images["a"], images["b"]
+    only_b = TAG.format("repo-only-b")
+    build_repo_image(b, only_b, "stockroom-001")
+    monkeypatch.setenv("DOCKER_HOST", a)
+    monkeypatch.delenv("ARLCTL_DOCKER_HOSTS", raising=False)
+    row = image_row("stockroom-001", only_b)
+    try:
+        with pytest.raises(ImageMissing, match=f"docker image {only_b} is on no engine"):
+            sandbox_options(row, "docker")
+        options = sandbox_options(row, "docker", [b])
+        assert options["image"] == only_b and options["workdir"] == "/testbed" and options["env"]["PATH"]
+        snapshot = Path(prepare_snapshot(row, b))
+        assert (snapshot / ".git" / "HEAD").is_file() and (snapshot / "stockroom").is_dir()
+        gold, _, info = asyncio.run(score(row["patch"], row, sandbox="docker", docker_hosts=b))
+        assert gold == 1.0, info
+        empty, _, info = asyncio.run(score("", row, sandbox="docker", docker_hosts=b))
+        assert empty == 0.0, info
+        with pytest.raises(Exception, match="docker_hosts needs sandbox=docker"):
+            asyncio.run(score("", row, sandbox="bwrap", docker_hosts=b))
+    finally:
+        _docker(b, "rmi", "-f", only_b)

@@ -145,8 +145,9 @@ class SweEnv:
         await self._release()
         self.final_state_truncated, self.placement = None, None
         # Image tasks (SWE-bench images) need the docker backend; this refuses them elsewhere, clearly.
-        options = await asyncio.to_thread(sandbox_options, task, self.kind)
-        snapshot = await asyncio.to_thread(prepare_snapshot, task)
+        hosts = self.limits.get("docker_hosts")  # the engines the sandboxes go to: the image is looked up there
+        options = await asyncio.to_thread(sandbox_options, task, self.kind, hosts)
+        snapshot = await asyncio.to_thread(prepare_snapshot, task, hosts)
         provider = self.provider or self._private_provider()
         self.lease = await (provider.acquire(snapshot, options) if options else provider.acquire(snapshot))
         self.placement = placement_of(self.sandbox)

@@ -65,6 +65,7 @@ from arlctl.envs.swe.official import cross_check
 from arlctl.envs.swe.probes import PROBE_MODULE, verdicts
 from arlctl.envs.swe.scan import scan_diff
 from arlctl.envs.swe.tasks import (
+    Hosts,
     check_task,
     image_of,
     prepare_snapshot,
@@ -319,12 +320,13 @@ def _scan_tamper(filtered: Any, snapshot: str) -> list[dict[str, str]]:
 
 
 async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory, *, timeout: float = 120.0,
-                allow_subprocess: bool = False, scan: bool = True, keep_log: bool = False
-                ) -> tuple[float | None, dict[str, float], dict[str, Any]]:
+                allow_subprocess: bool = False, scan: bool = True, keep_log: bool = False,
+                docker_hosts: Hosts = None) -> tuple[float | None, dict[str, float], dict[str, Any]]:
     """Grade one diff against the task's hidden tests in a fresh sandbox from `sandbox_factory`.
 
     For an image task the factory is called as `factory(snapshot, image=..., workdir=..., env=...)`
-    (a docker factory: `sandbox_factory("docker")`). scan=False skips the static scan (tests use it to
+    (a docker factory: `sandbox_factory("docker")`; `docker_hosts`, the engines it places sandboxes on, is
+    where the image is looked up). scan=False skips the static scan (tests use it to
     show that probe mode holds on its own); keep_log=True puts a runner-mode row's whole eval log in
     info["runner_log"] (left out otherwise: it can be 600 KB). The reward is None, with info["error"] and info["infra"], when
     the tests could not run at all (no report from the sandbox, pytest missing or not starting, the
@@ -337,13 +339,13 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
                         "not graded", truncated=True, kept_bytes=cut[0], diff_bytes=cut[1])
     filtered = filter_diff(diff or "")
     key, marker = secrets.token_bytes(32), f"@@arlctl-grade-{secrets.token_hex(16)}@@"
-    snapshot = prepare_snapshot(task)
+    snapshot = prepare_snapshot(task, docker_hosts)
     scan_tamper = _scan_tamper(filtered, snapshot) if scan else []
     if scan_tamper:  # flagged code is never run: reward 0, and the reason
         return _not_run(task, started, filtered.tamper + scan_tamper, filtered.kept,
                         f"tamper: {scan_tamper[0]['reason']} ({scan_tamper[0]['detail']})")
     report, result, workdir, lines = await _drive(task, filtered.diff, snapshot, sandbox_factory, key, marker,
-                                                  timeout, allow_subprocess)
+                                                  timeout, allow_subprocess, docker_hosts=docker_hosts)
     if grading_mode(task) == "probe":
         reward, components, info = score_probes(task, report)
     elif grading_mode(task) == "runner":
@@ -371,10 +373,10 @@ async def grade(task: dict[str, Any], diff: str, sandbox_factory: SandboxFactory
 
 
 async def _drive(task: dict[str, Any], diff: str, snapshot: str, sandbox_factory: SandboxFactory, key: bytes,
-                 marker: str, timeout: float, allow_subprocess: bool, mode: str | None = None
-                 ) -> tuple[dict[str, Any], Any, str, list[str]]:
+                 marker: str, timeout: float, allow_subprocess: bool, mode: str | None = None,
+                 docker_hosts: Hosts = None) -> tuple[dict[str, Any], Any, str, list[str]]:
     """Run the grading driver on `diff` in a fresh sandbox: (report, exec result, workdir, marker lines)."""
-    options = sandbox_options(task, "docker") if image_of(task) else {}
+    options = sandbox_options(task, "docker", docker_hosts) if image_of(task) else {}
     sandbox = await (sandbox_factory(snapshot, **options) if options else sandbox_factory(snapshot))
     try:
         bundle = _bundle(task, diff, sandbox.workdir, key.hex(), marker, timeout, allow_subprocess, mode)
@@ -461,22 +463,27 @@ def sandbox_factory(kind: str = "bwrap", **limits: Any) -> SandboxFactory:
 
 async def score(final_state: str | None, task: dict[str, Any], response_text: str = "", *,
                 sandbox: str | None = None, timeout: float = 120.0, insecure_sandbox: bool = False,
-                allow_subprocess: bool = False, image: str | None = None
+                allow_subprocess: bool = False, image: str | None = None, docker_hosts: Hosts = None
                 ) -> tuple[float | None, dict[str, float], dict[str, Any]]:
     """The registered `--reward swe` function: final_state is the agent's diff.
 
     sandbox: the grading backend; by default bwrap, and docker for image tasks (which refuse others).
     image: with sandbox=docker, the image snapshot tasks are graded in (one holding the interpreter and
-    packages the tests need; default the base image)."""
+    packages the tests need; default the base image). docker_hosts: the engines grading sandboxes are placed
+    on (as the docker backend's option; default $ARLCTL_DOCKER_HOSTS), where task images are looked up too."""
     kind = sandbox or ("docker" if image_of(task) else "bwrap")
-    sandbox_options(task, kind)  # an image task on bwrap/subprocess: a UsageError that says so
+    if docker_hosts and kind != "docker":
+        raise UsageError(f"docker_hosts needs sandbox=docker, not {kind}", hint="--reward-opt sandbox=docker")
+    sandbox_options(task, kind, docker_hosts)  # an image task on bwrap/subprocess: a UsageError that says so
     if image and kind != "docker":
         raise UsageError(f"a grading image needs sandbox=docker, not {kind}", hint="--reward-opt sandbox=docker")
     limits: dict[str, Any] = {"insecure": True} if insecure_sandbox else {}
     if image and not image_of(task):
         limits["image"] = image
+    if docker_hosts:
+        limits["docker_hosts"] = docker_hosts
     return await grade(task, final_state or "", sandbox_factory(kind, **limits), timeout=timeout,
-                       allow_subprocess=allow_subprocess)
+                       allow_subprocess=allow_subprocess, docker_hosts=docker_hosts)
 
 
 async def self_check(task_list: list[dict[str, Any]] | None = None, factory: SandboxFactory | None = None,

@@ -54,6 +54,7 @@ from arlctl.errors import TerminalError, UsageError
 SUITE_DIR = Path(__file__).with_name("suite")
 ENV_NAME = "swe"
 DEFAULT_REPO_DIR = "/testbed"  # where SWE-bench images keep the repository
+Hosts = str | list[str] | None  # the docker backend's `docker_hosts` option: a list or "url,url"
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "arlctl", "GIT_AUTHOR_EMAIL": "snapshot@arlctl", "GIT_COMMITTER_NAME": "arlctl",
     "GIT_COMMITTER_EMAIL": "snapshot@arlctl", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
@@ -191,13 +192,14 @@ def snapshot_root() -> Path:
     return Path(home) / "swe" / "snapshots"
 
 
-def prepare_snapshot(task: dict[str, Any]) -> str:
+def prepare_snapshot(task: dict[str, Any], docker_hosts: Hosts = None) -> str:
     """Path of the task's one-commit git snapshot, built once (atomically) per content hash
-    (per image id for image tasks, per tree id for repo_path tasks). The task is checked first
-    (check_task): a bad row is a BadTaskRow naming it, before anything is built."""
+    (per image id for image tasks, looked up on `docker_hosts` as _engines says; per tree id for repo_path
+    tasks). The task is checked first (check_task): a bad row is a BadTaskRow naming it, before anything
+    is built."""
     check_task(task)
     if image_of(task):
-        return prepare_image_snapshot(task)
+        return prepare_image_snapshot(task, hosts=docker_hosts)
     if task.get("repo_path") and not task.get("repo_snapshot"):
         return prepare_repo_snapshot(task)
     with tempfile.TemporaryDirectory() as scratch:
@@ -456,8 +458,9 @@ def repo_dir(task: dict[str, Any]) -> str:
     return path.rstrip("/")
 
 
-def sandbox_options(task: dict[str, Any], kind: str) -> dict[str, Any]:
-    """Backend options a task needs besides its snapshot: the image and workspace path of image tasks.
+def sandbox_options(task: dict[str, Any], kind: str, docker_hosts: Hosts = None) -> dict[str, Any]:
+    """Backend options a task needs besides its snapshot: the image and workspace path of image tasks
+    (the image's PATH read from the first of _engines(docker_hosts) that holds it).
 
     Raises UsageError for an image task on a backend other than docker: the image holds the
     environment (interpreter, dependencies, build outputs) the repository's tests need.
@@ -469,7 +472,7 @@ def sandbox_options(task: dict[str, Any], kind: str) -> dict[str, Any]:
         raise UsageError(f"swe task {task.get('task_id')!r} is given by the docker image {image} "
                          f"and cannot run in a {kind} sandbox",
                          hint="use --sandbox docker (and --reward-opt sandbox=docker if you set one)")
-    return {"image": image, "workdir": repo_dir(task), "env": {"PATH": _image_path(image)}}
+    return {"image": image, "workdir": repo_dir(task), "env": {"PATH": _image_path(image, docker_hosts)}}
 
 
 _IMAGE_PATHS: dict[str, str] = {}
@@ -480,13 +483,17 @@ class ImageMissing(TerminalError):
     reward with this cause in `arlctl reward`), never a usage error that stops the whole stage."""
 
 
-def _engines() -> list[str | None]:
-    """The engines an image is looked up on: the default ($DOCKER_HOST), then every $ARLCTL_DOCKER_HOSTS entry."""
+def _engines(docker_hosts: Hosts = None) -> list[str | None]:
+    """The engines an image is looked up on: the default ($DOCKER_HOST), then every engine the sandboxes
+    are placed on (`docker_hosts`, the backend option, else $ARLCTL_DOCKER_HOSTS). A bad `docker_hosts`
+    is the caller's usage error (the backend refuses it too); a bad environment variable is skipped here."""
     from arlctl.sandbox.docker_engines import hosts_from
 
     try:
-        listed = [url for url, _ in hosts_from(None)]
+        listed = [url for url, _ in hosts_from(docker_hosts)]
     except UsageError:
+        if docker_hosts:
+            raise
         listed = []
     return [None, *[url for url in listed if url != os.environ.get("DOCKER_HOST")]]
 
@@ -511,10 +518,10 @@ def _find_image(image: str, engines: list[str | None]) -> tuple[Any, Any]:
                        hint="build or pull it there first; `arlctl sandbox prefetch --tasks FILE` lists what is missing")
 
 
-def _image_path(image: str) -> str:
+def _image_path(image: str, docker_hosts: Hosts = None) -> str:
     """The image's own PATH (a SWE-bench image's conda env), so its python3 and pytest are found."""
     if image not in _IMAGE_PATHS:
-        client, found = _find_image(image, _engines())
+        client, found = _find_image(image, _engines(docker_hosts))
         try:
             env = found.attrs.get("Config", {}).get("Env") or []
         finally:
@@ -524,11 +531,11 @@ def _image_path(image: str) -> str:
     return _IMAGE_PATHS[image]
 
 
-def prepare_image_snapshot(task: dict[str, Any], docker_host: str | None = None) -> str:
+def prepare_image_snapshot(task: dict[str, Any], docker_host: str | None = None, hosts: Hosts = None) -> str:
     """Export `repo_dir` of the task's image into a one-commit snapshot, once per image id (from `docker_host`,
-    else the first engine of _engines that holds the image)."""
+    else the first engine of _engines(hosts) that holds the image)."""
     image_ref, where = image_of(task), repo_dir(task)
-    client, image = _find_image(str(image_ref), [docker_host] if docker_host else _engines())
+    client, image = _find_image(str(image_ref), [docker_host] if docker_host else _engines(hosts))
     try:
         tag = image.id.split(":")[-1][:16]
         if where != DEFAULT_REPO_DIR:
