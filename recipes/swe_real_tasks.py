@@ -12,11 +12,13 @@ swebench package's parser for that repo: FAIL_TO_PASS is every test that passes 
 bug, PASS_TO_PASS every test that passes on both. A wrong fix of each bug is checked to leave a
 FAIL_TO_PASS test failing. Then (unless --no-images) a Docker image per task is built on the local engine
 with no network: an environment image FROM arlctl/sandbox-base:1 with the project's dependencies installed
-from the wheel cache (`pip install --target`, offline) and an activation script, then the instance image
+from the wheel cache (`pip install --target`, offline) in a `testbed` env laid out as SWE-bench images
+lay theirs (/opt/miniconda3, entered by `conda activate testbed`), then the instance image
 with the buggy repository, one commit at base_commit, at /testbed.
 
 Written under --out: tasks.jsonl (the rows: SWE-bench fields plus image, repo_dir, log_parser, and how the
-tests run: a SWE-bench 5 `eval_script` for django, `test_cmd` + `activate` for sympy), wrong_fixes.jsonl
+tests run: a SWE-bench 5 `eval_script` for django, `test_cmd` for sympy, which then runs in the image's
+testbed env as image rows do by default), wrong_fixes.jsonl
 ({instance_id, patch}) and summary.json. Grade them: `arlctl reward --reward swe --reward-opt sandbox=docker`
 on rollouts over `--tasks tasks.jsonl`, or see tests/swe/test_real_projects.py.
 """
@@ -35,9 +37,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BASE_IMAGE = os.environ.get("ARLCTL_SANDBOX_IMAGE", "arlctl/sandbox-base:1")
-ACTIVATE = "source /opt/testbed/bin/activate"
-# The activation script the images carry (a SWE-bench image's `conda activate testbed`, as a plain env).
-ACTIVATE_SCRIPT = "export PATH=/opt/testbed/bin:$PATH\nexport PYTHONPATH=/testbed:/opt/testbed/site\n"
+# The images lay the test environment out as SWE-bench's do: a `testbed` env under /opt/miniconda3, entered
+# with the lines their eval scripts use. conda itself cannot be fetched here (no conda channel is reachable),
+# so /opt/miniconda3/bin/activate is a stand-in that gives the shell a `conda` function knowing one command,
+# `conda activate testbed`, and refusing any other; the env holds the dependencies from the wheel cache.
+ACTIVATE = "source /opt/miniconda3/bin/activate\nconda activate testbed"
+ENV_DIR = "/opt/miniconda3/envs/testbed"
+ACTIVATE_SCRIPT = f"""# arlctl recipe: a stand-in for conda's activate (see recipes/swe_real_tasks.py)
+conda() {{
+    if [ "$#" -eq 2 ] && [ "$1" = activate ] && [ "$2" = testbed ]; then
+        export CONDA_DEFAULT_ENV=testbed CONDA_PREFIX={ENV_DIR}
+        export PATH={ENV_DIR}/bin:$PATH PYTHONPATH=/testbed:{ENV_DIR}/site
+    else
+        echo "conda stand-in: only 'conda activate testbed' is known (got: $*)" >&2
+        return 1
+    fi
+}}
+"""
 # Fixed identity and dates: the same sources give the same commits, so base_commit is stable across runs.
 GIT = ["git", "-c", "user.name=arlctl recipe", "-c", "user.email=recipe@arlctl.invalid", "-c", "commit.gpgsign=false",
        "-c", "init.defaultBranch=main", "-c", "core.autocrlf=false", "-c", "gc.auto=0", "-c", "maintenance.auto=false"]
@@ -210,8 +226,8 @@ def build_images(project: Project, site: Path, tasks: list[tuple[dict, Path]], d
         shutil.copytree(site, Path(ctx) / "site", symlinks=True)
         (Path(ctx) / "activate").write_text(ACTIVATE_SCRIPT)
         (Path(ctx) / "Dockerfile").write_text(
-            f"FROM {BASE_IMAGE}\nUSER root\nCOPY site /opt/testbed/site\nCOPY activate /opt/testbed/bin/activate\n"
-            "RUN ln -s /usr/bin/python3 /opt/testbed/bin/python\nUSER sandbox\n")
+            f"FROM {BASE_IMAGE}\nUSER root\nCOPY site {ENV_DIR}/site\nCOPY activate /opt/miniconda3/bin/activate\n"
+            f"RUN mkdir -p {ENV_DIR}/bin && ln -s /usr/bin/python3 {ENV_DIR}/bin/python\nUSER sandbox\n")
         say(f"building {env_tag}")
         client.images.build(path=ctx, tag=env_tag, network_mode="none", rm=True, forcerm=True)
     for row, tree in tasks:
@@ -265,7 +281,7 @@ def build_project(project: Project, out: Path, cache: Path, images: bool, docker
         if isinstance(project, Django):
             row["eval_script"] = eval_script_for(project, base)
         else:
-            row["test_cmd"], row["activate"] = project.command(), ACTIVATE
+            row["test_cmd"] = project.command()  # no `activate`: an image row enters the image's testbed env
         rows.append((row, wrong_patch))
         built.append((row, tree))
         say(f"{iid}: {len(f2p)} FAIL_TO_PASS, {len(p2p)} PASS_TO_PASS")

@@ -70,10 +70,22 @@ def test_the_recipe_writes_three_tasks_per_project_with_their_images(built):
             assert row["eval_script"] and "tests/runtests.py" in row["eval_script"] and "test_cmd" not in row
             assert all(" (utils_tests.test_text." in t for t in f2p + p2p)
         else:  # sympy's runner names a test by its function
-            assert row["test_cmd"] and row["activate"] and "eval_script" not in row
+            # No declared activation: as an image row it runs in the image's testbed env (the default).
+            assert row["test_cmd"] and "activate" not in row and "eval_script" not in row
             assert all(t.startswith("test_") and "::" not in t for t in f2p + p2p)
         assert row["patch"].startswith("diff --git") and wrong[iid].startswith("diff --git") and wrong[iid] != row["patch"]
     client.close()
+
+
+@pytest.mark.parametrize("iid", ["sympy__sympy-arlctl-1"])
+def test_an_env_the_image_does_not_have_is_no_verdict(built, iid):
+    """The row declares an activation the image cannot give (an env it lacks): the script stops before its
+    tests (exit 97), so the gold patch gets no verdict, a null reward with the cause, not a 0 or a 1."""
+    rows, _ = built
+    row = {**rows[iid], "task_id": iid, "activate": "source /opt/miniconda3/bin/activate\nconda activate py27"}
+    reward, _, info = run(grade(row, row["patch"], sandbox_factory("docker"), timeout=300))
+    assert reward is None and info["infra"] is True, info
+    assert "stopped before its tests started (exit 97)" in info["error"], info["error"]
 
 
 def _package_report(row: dict, log: str, where: Path) -> dict:
@@ -101,6 +113,9 @@ def test_gold_empty_and_a_wrong_fix_as_the_official_harness_grades_them(built, i
         verdict, log = info["swebench"], info["runner_log"]
         assert verdict["parser"] == official.parser_for(row) and verdict["log_found"] and not verdict["log_truncated"]
         assert ">>>>> Start Test Output" in log and ">>>>> Test Exit Code: " in log  # the package's framing
+        # Run in the image's testbed env, entered as SWE-bench images are (bash -x echoes the command): the
+        # dependencies are only there, so a gold 1.0 also shows it was entered.
+        assert "conda activate testbed" in log.split(">>>>> Start Test Output")[0], log[:2000]
         theirs = _package_report(row, log, tmp_path)
         assert theirs["patch_successfully_applied"] is True
         assert verdict["tests_status"] == theirs["tests_status"], name
