@@ -340,7 +340,10 @@ async def run_trajectory(traj: Trajectory, policy: Policy, env: Env, codec: Chat
         row.env_errors += 1
         cause = ("infra:reset_timeout" if isinstance(err, TimeoutError)
                  else "infra:reset_failed" if isinstance(err, EnvFailure) else "reset_error")
-        stats.fault(cause, f"reset failed: {type(err).__name__}: {err}")
+        message = f"reset failed: {type(err).__name__}: {err}"
+        stats.fault(cause, message)
+        # No turn exists to carry the cause (no sandbox, no prompt): the row's env_info does.
+        row.env_info = {"error": cause, "reset_error": parquet_safe_value(message[:2000])}
         return traj.finish("env_error", "error")
     # A plugin env may put unencodable text in its messages; the tokenizer refuses lone surrogates.
     messages = parquet_safe_value(reset.messages)
@@ -524,8 +527,8 @@ def record_env_info(row: TrajectoryRow, env: Env, stats: Stats) -> None:
     except Exception as err:
         stats.fault("env_info_error", f"env_info failed: {type(err).__name__}: {err}")
         return
-    if info is not None:
-        row.env_info = parquet_safe_value(info)
+    if info is not None:  # kept beside what the loop recorded (a failed reset's cause)
+        row.env_info = {**(row.env_info or {}), **parquet_safe_value(info)}
 
 
 def crashed(traj: Trajectory, err: BaseException, stats: Stats) -> TrajectoryRow:

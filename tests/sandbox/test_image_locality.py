@@ -451,6 +451,8 @@ def test_rollout_row_whose_image_is_nowhere_is_env_error_and_the_others_finish(i
     bad = by_task["stockroom-missing-image"]
     assert bad["status"] == "env_error" and bad["finish_reason"] == "error" and bad["env_errors"] == 1
     assert bad["final_state"] is None and bad["reward"] is None  # nothing a grader could score
+    cause = json.loads(bad["env_info"])  # no turn to carry the cause: the row's env_info does
+    assert cause["error"] == "reset_error" and missing in cause["reset_error"], cause
     for task_id, image, engines in (("stockroom-001", on_both, {a, b}), ("verscmp-027", on_main, {a})):
         row = by_task[task_id]
         info = json.loads(row["env_info"])
