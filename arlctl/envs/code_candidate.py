@@ -92,13 +92,13 @@ def _limits(memory_mb):
 
 
 def _read_exact(fd, n):
-    buf = b""
+    buf = bytearray()  # grows in place (appending to bytes copies the whole message per pipe read)
     while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
         if not chunk:
             return None
         buf += chunk
-    return buf
+    return bytes(buf)
 
 
 def _recv(fd):

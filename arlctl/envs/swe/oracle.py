@@ -24,8 +24,7 @@ from typing import Any
 from arlctl.envs.swe.diffs import paths_in, split_sections
 from arlctl.envs.swe.tasks import load_suite_task, prepare_snapshot
 from arlctl.errors import UsageError
-from arlctl.inference.base import Generation, SamplingParams
-from arlctl.inference.scripted import end_of_message_ids, scripted_generation
+from arlctl.inference.scripted import ScriptedPolicy
 
 _TASK_RE = re.compile(r"\(task ([A-Za-z0-9_.\-/]+)\)")
 
@@ -92,16 +91,13 @@ def render_calls(calls: list[dict[str, Any]]) -> str:
     return "\n".join(f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>" for call in calls)
 
 
-class OraclePolicy:
-    """Policy protocol implementation that replays gold patches. `tasks`: instance_id -> task dict."""
-
-    max_context = None  # no context of its own: the rollout's --max-context bounds the prompts
+class OraclePolicy(ScriptedPolicy):
+    """A scripted policy that replays gold patches. `tasks`: instance_id -> task dict."""
 
     def __init__(self, tokenizer: Any, tasks: dict[str, dict[str, Any]] | None = None, name: str = "oracle:gold"):
-        self.tokenizer, self.name, self.version = tokenizer, name, 0
+        super().__init__(tokenizer, name, self._reply)  # each turn ends as a model's would
         self.submit_only = name == "oracle:empty"
         self.tasks = dict(tasks or {})
-        self.stop_ids = end_of_message_ids(tokenizer)  # each turn ends as a model's would
 
     def _task(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.tasks:
@@ -113,7 +109,7 @@ class OraclePolicy:
         root = Path(prepare_snapshot(task))
         return {p: (root / p).read_text(encoding="utf-8") for p in paths_in(task["patch"]) if (root / p).is_file()}
 
-    def script(self, prompt: str) -> str:
+    def _reply(self, prompt: str) -> str:
         """The reply text for a decoded prompt."""
         match = _TASK_RE.search(prompt)
         if match is None:
@@ -126,22 +122,6 @@ class OraclePolicy:
         # After the issue text only our own earlier turns hold tool calls: that count is where we are.
         done = prompt[match.end() :].count("<tool_call>")
         return render_calls([plan[min(done, len(plan) - 1)]])
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        return scripted_generation(self.tokenizer, self.stop_ids, self.script, prompt_ids, sampling, self.version)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)  # it only ever emits ids its tokenizer made
-
-    def metrics(self) -> dict[str, Any]:
-        return {}  # no backend counters: the script costs nothing worth measuring
-
-    async def reload(self, policy_dir: str, version: int) -> None:
-        self.version = version
-
-    async def close(self) -> None:
-        return None
 
 
 def load_oracle(spec: str, tokenizer: Any, tasks: list[dict[str, Any]] | None = None) -> OraclePolicy:
