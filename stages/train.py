@@ -440,7 +440,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
         return summary
 
     # 2. Model, optimizer and schedule (and the frozen reference for the KL term: the initial policy).
-    initial_policy = _initial_policy(state, policy)
+    initial_policy = cached.initial_policy if cached else _initial_policy(state, policy)
     trainer = cached or TrainerState.open(ckpt_dir, latest_full, state, initial_policy, cfg, d)
     if keep:
         _TRAINERS[str(ckpt_dir)] = trainer
@@ -606,6 +606,9 @@ def _initial_policy(state: dict[str, Any], policy: str | None) -> Path:
         return Path(recorded)
     spec = state.get("policy_spec") or policy
     if spec is None:
+        if not recorded:
+            raise UsageError("no initial policy: this run records none and no --policy was given",
+                             hint="give --policy (the model the run starts from)")
         return Path(recorded)  # nothing to resolve; the loaders say what is missing
     return ckpt.resolve_policy_path(spec)
 

@@ -17,6 +17,15 @@ Rates come from the newest --last trajectory shards (RUN/rollouts, else RUN/rewa
   arlctl plan runs/r1 --target-steps-per-hour 60 --gpu-hour-price 2.5 --cpu-hour-price 0.04
 
   arlctl plan runs/r1 --inference-tok-s 2500 --target-steps-per-hour 120 --json | jq .target
+
+With --model instead of a run: each training mode's bytes on one rank (weights, gradients, AdamW, extra
+copies, the KL reference, activations of a micro-batch), from the model's config.json built on the meta
+device, before anything is loaded; whether it trains and loads on --gpus GPUs of --gpu-mem GiB, and the
+largest model of its proportions each mode could train there.
+
+  arlctl plan --model ~/.cache/arlctl/models/smollm2-135m --gpus 1 --gpu-mem 24
+
+  arlctl plan --model path/to/Llama-3-8B --gpus 8 --gpu-mem 80 --grad-checkpoint --kl
 """
 
 
@@ -24,7 +33,19 @@ def register(app: typer.Typer) -> None:
     @app.command("plan", help=HELP)
     @handle_errors
     def plan_cmd(
-        run: str = typer.Argument(..., help="Run directory (local path or fsspec URL)."),
+        run: str | None = typer.Argument(None, help="Run directory (local path or fsspec URL)."),
+        model: str | None = typer.Option(None, "--model", rich_help_panel="Memory (--model)",
+                                         help="Plan training memory for this model (a directory, its config.json or a pulled name) instead of a run."),
+        gpus: int = typer.Option(1, "--gpus", rich_help_panel="Memory (--model)", help="Ranks (GPUs) to train on."),
+        gpu_mem: float = typer.Option(80.0, "--gpu-mem", rich_help_panel="Memory (--model)", help="GiB on each GPU."),
+        micro_tokens: int = typer.Option(8192, "--micro-tokens", rich_help_panel="Memory (--model)",
+                                         help="Tokens in one micro-batch (the activations)."),
+        kl: bool = typer.Option(False, "--kl", rich_help_panel="Memory (--model)", help="Hold the KL reference (--kl-coef)."),
+        grad_checkpoint: bool = typer.Option(False, "--grad-checkpoint", rich_help_panel="Memory (--model)",
+                                             help="Activations with gradient checkpointing."),
+        lora_rank: int = typer.Option(16, "--lora-rank", rich_help_panel="Memory (--model)", help="Rank of the lora mode's adapters."),
+        reserve_gb: float = typer.Option(6.0, "--reserve-gb", rich_help_panel="Memory (--model)",
+                                         help="GiB a rank keeps for the CUDA context, the allocator and NCCL."),
         target: float | None = typer.Option(None, "--target-steps-per-hour", help="Size every pool for this rate."),
         gpu_price: float | None = typer.Option(None, "--gpu-hour-price", help="$ per GPU-hour."),
         cpu_price: float | None = typer.Option(None, "--cpu-hour-price", help="$ per CPU-hour (sandboxes, reward)."),
@@ -40,6 +61,17 @@ def register(app: typer.Typer) -> None:
 
         from arlctl.errors import UsageError
         from arlctl.io.fs import get_fs
+
+        if model is not None:
+            if run is not None:
+                raise UsageError("give a run directory or --model, not both")
+            from arlctl.rl import memory_plan
+
+            planned = memory_plan.plan(model, gpus, gpu_mem, micro_tokens, kl, grad_checkpoint, lora_rank, reserve_gb)
+            print_json(planned) if as_json else console.print(memory_plan.render(planned))
+            return
+        if run is None:
+            raise UsageError("give a run directory, or --model to plan training memory")
         from arlctl.plan import Prices, calibrate, ledger, render
 
         fs, path = get_fs(run)
