@@ -209,8 +209,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def wrap(scorer: ScoringModel, strategy: str, d: Dist, precision: str = "fp32", offload: bool = False) -> nn.Module:
-    """Apply the strategy to a model already on its device. Returns the module to call for the forward."""
+def wrap(scorer: ScoringModel, strategy: str, d: Dist, precision: str = "fp32", offload: bool = False,
+         frozen: bool = False) -> nn.Module:
+    """Apply the strategy to a model already on its device. Returns the module to call for the forward.
+
+    frozen: a model only ever run without a gradient (the KL reference, a teacher). FSDP2 keeps the root's
+    gathered parameters after a forward, for the backward that a trained model runs next; a frozen model
+    has none, so that whole gathered group (the embeddings and the head: most of a small model, 1B params
+    of an 8B one) stayed on every rank for good. frozen reshards every module after its forward."""
     if strategy == "single":
         return scorer
     if strategy == "ddp":
@@ -230,6 +236,8 @@ def wrap(scorer: ScoringModel, strategy: str, d: Dist, precision: str = "fp32", 
           if precision == "bf16" else MixedPrecisionPolicy())
     offload_policy = CPUOffloadPolicy(pin_memory=d.device.type == "cuda") if offload else OffloadPolicy()
     kwargs = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload_policy}
+    if frozen:
+        kwargs["reshard_after_forward"] = True  # given, not left to FSDP2's root heuristic
     for layer in decoder_layers(scorer):
         fully_shard(layer, **kwargs)
     fully_shard(scorer, **kwargs)

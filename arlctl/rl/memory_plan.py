@@ -69,21 +69,22 @@ class ModePlan:
     weights: float
     grads: float
     optimizer: float
-    other: float
+    other: float  # held copies: DDP's buckets, bf16's compute copy
     reference: float
     activations_per_token: float
     micro_tokens: int
     load_peak: float
+    transient: float = 0.0  # alive only inside the step: FSDP2's gathered layers and one layer's full grads
     notes: list[str] = field(default_factory=list)
 
     @property
     def state(self) -> float:
-        """Bytes held between steps (weights, gradients, optimizer state, extra copies, the reference)."""
+        """Bytes held at the optimizer step (weights, gradients, AdamW state, extra copies, the reference)."""
         return self.weights + self.grads + self.optimizer + self.other + self.reference
 
     @property
     def step_peak(self) -> float:
-        return self.state + self.activations_per_token * self.micro_tokens
+        return self.state + self.transient + self.activations_per_token * self.micro_tokens
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state, "step_peak": self.step_peak}
@@ -185,8 +186,9 @@ def plan_modes(shape: Shape, ranks: int, micro_tokens: int = 8192, kl: bool = Fa
         if mode == "ddp-fp32":
             other = 4 * p
             notes.append("DDP's gradient buckets")
+        transient = 0.0
         if sharded and n > 1:  # one rank trains unsharded (--strategy auto is single there)
-            other = PREFETCH_LAYERS * layer * (2 if bf16 else 4) + layer * 4  # gathered params, a layer's grads
+            transient = PREFETCH_LAYERS * layer * (2 if bf16 else 4) + layer * 4  # gathered params, a layer's grads
             notes.append("two layers gathered at a time")
         act = activation_bytes_per_token(shape, 2 if bf16 else 4, grad_checkpoint)
         # Loading: the whole fp32 model on the device before it is sharded; the reference is loaded whole the
@@ -194,7 +196,7 @@ def plan_modes(shape: Shape, ranks: int, micro_tokens: int = 8192, kl: bool = Fa
         load_peak = max(4 * p, weights + grads + optimizer + other + 4 * p) if reference else 4 * p
         out.append(ModePlan(mode=mode, ranks=n, weights=weights, grads=grads, optimizer=optimizer, other=other,
                             reference=reference, activations_per_token=act, micro_tokens=micro_tokens,
-                            load_peak=load_peak, notes=notes))
+                            load_peak=load_peak, transient=transient, notes=notes))
     return out
 
 
@@ -202,7 +204,7 @@ def largest_params(plan: ModePlan, shape: Shape, gpu_bytes: float, reserve_bytes
     """The most parameters a model of this shape's proportions can have and still train in the mode (state
     and the gathered layers scale with P; the activations of the micro-batch are held fixed)."""
     budget = gpu_bytes - reserve_bytes - plan.activations_per_token * plan.micro_tokens
-    per_param = plan.state / shape.params
+    per_param = (plan.state + plan.transient) / shape.params
     return max(int(budget / per_param), 0) if per_param > 0 else 0
 
 
@@ -226,6 +228,41 @@ def plan(model: str, gpus: int, gpu_mem_gb: float, micro_tokens: int = 8192, kl:
             "fits_once_loading_is_sharded": [m["mode"] for m in modes if m["trains"] and not m["loads_today"]]}
 
 
+def held_bytes(trainer: Any) -> dict[str, int]:
+    """What a TrainerState holds on this rank, by distinct storage (a tied weight once, a DTensor's local
+    shard): weights (the optimizer's and a compute copy's), gradients, AdamW state, the KL reference. Taken
+    at the optimizer step it is what ModePlan.state predicts."""
+    import torch
+
+    seen: set[tuple[int, int]] = set()
+
+    def size(tensors: Any) -> int:
+        total = 0
+        for t in tensors:
+            if t is None:
+                continue
+            t = t.to_local() if hasattr(t, "to_local") else t
+            if t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+        return total
+
+    params = list(trainer.master.parameters())
+    compute = list(trainer.module.parameters()) if trainer.master_copy else []
+    ref = trainer.ref if isinstance(trainer.ref, torch.nn.Module) else None
+    return {
+        "weights": size(params + compute),
+        "grads": size(p.grad for p in params + compute),
+        "optimizer": size(v for state in trainer.optimizer.state.values() for v in state.values()
+                          if isinstance(v, torch.Tensor) and v.dim() > 0),
+        "reference": size(ref.parameters()) if ref is not None else 0,
+    }
+
+
 def _gb(value: float) -> str:
     return f"{value / GiB:,.1f}"
 
@@ -244,7 +281,7 @@ def render(result: dict[str, Any]) -> Any:
     for name in ("state", "extra", "ref", "activ.", "peak", "load", "fits", "max"):
         table.add_column(name, justify="right", no_wrap=True)
     for m in result["modes"]:
-        table.add_row(m["mode"], _gb(m["weights"] + m["grads"] + m["optimizer"]), _gb(m["other"]),
+        table.add_row(m["mode"], _gb(m["weights"] + m["grads"] + m["optimizer"]), _gb(m["other"] + m["transient"]),
                       _gb(m["reference"]), _gb(m["activations_per_token"] * m["micro_tokens"]), _gb(m["step_peak"]),
                       _gb(m["load_peak"]), "yes" if m["trains"] and m["loads_today"] else "load" if m["trains"] else "no",
                       f"{m['largest_params'] / 1e9:,.1f}B")
@@ -265,5 +302,5 @@ def render(result: dict[str, Any]) -> Any:
     return Group(table, *(Text(line) for line in lines))
 
 
-__all__ = ["MODES", "ModePlan", "Shape", "activation_bytes_per_token", "count_shape", "largest_params", "plan",
+__all__ = ["MODES", "ModePlan", "Shape", "activation_bytes_per_token", "count_shape", "held_bytes", "largest_params", "plan",
            "plan_modes", "render"]

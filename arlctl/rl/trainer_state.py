@@ -224,7 +224,7 @@ class TrainerState:
             ref = ref.to(torch.bfloat16)
         if self.strategy == "fsdp2":
             return dd.wrap(ref.to(self.d.device) if not self.cfg.offload else ref, "fsdp2", self.d,
-                           self.cfg.precision, self.cfg.offload)
+                           self.cfg.precision, self.cfg.offload, frozen=True)
         return ref.to(self.d.device)
 
     def _refuse_nonfinite_start(self, source: Any) -> None:

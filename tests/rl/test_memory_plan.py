@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
-from arlctl.rl.memory_plan import count_shape, plan, plan_modes
+from arlctl.rl.memory_plan import count_shape, held_bytes, plan, plan_modes
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "model-configs"
 
@@ -42,7 +41,7 @@ def test_sharded_state_divides_by_the_ranks_and_replicated_state_does_not():
         fsdp = modes["fsdp2-fp32"]
         assert fsdp.weights + fsdp.grads + fsdp.optimizer == pytest.approx(16 * p / n)
         assert fsdp.reference == pytest.approx(4 * p / n)
-        assert fsdp.other == 2 * shape.layer_params * 4 + shape.layer_params * 4  # two layers gathered, one's grads
+        assert fsdp.other == 0 and fsdp.transient == 3 * shape.layer_params * 4  # two layers gathered, one's grads
         assert modes["lora-fsdp2"].reference == 0  # the reference is the model with its adapters off
         # Loading today: the whole fp32 model on every rank, whatever n is.
         assert fsdp.load_peak >= 4 * p
@@ -90,36 +89,6 @@ def test_the_cli_prints_json_and_refuses_bad_arguments(tmp_path):
                        (["plan", "--model", str(DOCS / "llama3-8b.json"), "--gpu-mem", "4"], "more than --reserve-gb")):
         refused = runner.invoke(app, args)
         assert refused.exit_code == 2 and says in refused.output, (args, refused.output)
-
-
-def held_bytes(trainer) -> dict[str, int]:
-    """What the trainer holds, by distinct storage: weights (the optimizer's and the compute copy's),
-    gradients, AdamW state, the KL reference."""
-    seen: set[int] = set()
-
-    def size(tensors) -> int:
-        total = 0
-        for t in tensors:
-            if t is None:
-                continue
-            t = t.to_local() if hasattr(t, "to_local") else t
-            key = t.untyped_storage().data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-        return total
-
-    module_params = list(trainer.master.parameters())
-    compute = list(trainer.module.parameters()) if trainer.master_copy else []
-    ref = trainer.ref if isinstance(trainer.ref, torch.nn.Module) else None
-    return {
-        "weights": size(module_params) + size(compute),
-        "grads": size(p.grad for p in module_params + compute),
-        "optimizer": size(v for state in trainer.optimizer.state.values() for v in state.values()
-                          if isinstance(v, torch.Tensor) and v.dim() > 0),
-        "reference": size(ref.parameters()) if ref is not None else 0,
-    }
 
 
 @pytest.mark.slow
