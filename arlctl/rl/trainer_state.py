@@ -41,15 +41,25 @@ from arlctl.io import store
 from arlctl.rl import checkpoint as ckpt
 from arlctl.rl import distributed as dd
 from arlctl.rl.config import TrainConfig
+from arlctl.rl.sharded_load import load_shards
 
 TRAINER_DIR = "trainer"
 FULL_KEY = "full"  # state.json: False for a weights-only checkpoint
 
 
-def load_model(path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
+def load_model(path: Path, meta: bool = False) -> Any:
+    """The HF model at `path` in fp32; meta=True builds it from its config with every parameter on the meta
+    device and reads no weight (sharded_load.load_shards fills each rank's shard once it is sharded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    if meta:
+        from arlctl.rl.sharded_load import meta_parameters
+
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        with meta_parameters():
+            model = AutoModelForCausalLM.from_config(config).float()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
     model.config.use_cache = False
     return model
 
@@ -113,7 +123,10 @@ class TrainerState:
             # so the base is the initial policy (LoRA) or the checkpoint's HF files (whose dtype may differ).
             base = initial_policy if (cfg.lora_rank or resume_from is None) else resume_from
             torch.manual_seed(cfg.seed)  # LoRA's adapter init
-            lm = load_model(base)
+            # FSDP2 without LoRA: each rank reads only its shard of the weights, once the model is sharded.
+            # (LoRA still builds the whole base: peft would make its adapters on the meta device.)
+            by_shard = strategy == "fsdp2" and not cfg.lora_rank
+            lm = load_model(base, meta=by_shard)
             tokenizer = (load_tokenizer(resume_from) if resume_from else None) or load_tokenizer(initial_policy)
             if cfg.lora_rank:
                 from arlctl.rl.lora import apply_lora
@@ -122,9 +135,11 @@ class TrainerState:
             if cfg.grad_checkpoint:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             master = dd.ScoringModel(lm, value_head=cfg.value_coef > 0)
-            if not cfg.offload:
+            if not cfg.offload and not by_shard:
                 master = master.to(d.device)
             module, master = _apply_strategy(master, strategy, cfg, d)
+            if by_shard:
+                load_shards(master, base, torch.device("cpu") if cfg.offload else d.device)
             params = [p for p in master.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
@@ -219,12 +234,14 @@ class TrainerState:
 
     def _frozen(self, path: Path) -> Any:
         """A frozen scoring copy of the model at `path`, placed like the trained model (FSDP2: sharded)."""
+        if self.strategy == "fsdp2":  # sharded on meta, then each rank reads its shard
+            ref = dd.ScoringModel(load_model(path, meta=True)).requires_grad_(False).eval()
+            ref = dd.wrap(ref, "fsdp2", self.d, self.cfg.precision, self.cfg.offload, frozen=True)
+            load_shards(ref, path, torch.device("cpu") if self.cfg.offload else self.d.device)
+            return ref
         ref = dd.ScoringModel(load_model(path)).requires_grad_(False).eval()
         if self.cfg.precision == "bf16" and self.strategy == "single":
             ref = ref.to(torch.bfloat16)
-        if self.strategy == "fsdp2":
-            return dd.wrap(ref.to(self.d.device) if not self.cfg.offload else ref, "fsdp2", self.d,
-                           self.cfg.precision, self.cfg.offload, frozen=True)
         return ref.to(self.d.device)
 
     def _refuse_nonfinite_start(self, source: Any) -> None:
