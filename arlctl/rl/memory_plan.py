@@ -21,9 +21,10 @@ attention output, the MLP's gate/up/activation, norms and residuals), and the lo
 logits over the vocabulary. Attention is taken to be linear in tokens (SDPA/flash on CUDA); CPU eager
 attention adds a seq x seq term per head that this leaves out.
 
-`load_peak` is what a rank holds while the model loads. Today every rank builds the whole model in fp32
-and moves it to its device before sharding (trainer_state.TrainerState.open), so it is 4P on each
-device whatever N is: a model that fits sharded may still not load. The plan says so rather than hide it.
+`load_peak` is the most a rank holds while the model loads. Under FSDP2 (without LoRA) each rank builds
+the model on the meta device and reads only its shards (arlctl/rl/sharded_load.py): 4P/N, the
+reference's 4P/N, and one tensor's shard again as FSDP2 initialises it. DDP, one process, and LoRA (whose
+adapters peft cannot make on the meta device) build the whole fp32 model first: 4P on the device.
 
 These are the tensors' own bytes. A real process adds the CUDA context, the allocator's fragmentation and
 NCCL buffers: `--reserve-gb` (default 6) is set aside for them before anything is called a fit.
@@ -51,6 +52,7 @@ class Shape:
     name: str
     params: int  # distinct parameters (a tied embedding once)
     layer_params: int  # the largest decoder layer's
+    largest_tensor: int  # the most elements in one parameter (an embedding, usually)
     layers: int
     hidden: int
     intermediate: int
@@ -143,7 +145,9 @@ def _count(model: str, config_file: str, _mtime: int, lora_rank: int, lora_targe
     for name, module in lm.named_modules():
         if name.split(".")[-1] in targets and isinstance(module, torch.nn.Linear):
             lora += lora_rank * (module.in_features + module.out_features)
-    return Shape(name=str(model), params=params, layer_params=layer_params, layers=len(layers), hidden=hidden,
+    largest = max(p.numel() for p in lm.parameters())
+    return Shape(name=str(model), params=params, layer_params=layer_params, largest_tensor=largest,
+                 layers=len(layers), hidden=hidden,
                  intermediate=int(getattr(text, "intermediate_size", 4 * hidden)), heads=heads,
                  kv_heads=int(getattr(text, "num_key_value_heads", None) or heads), head_dim=head_dim,
                  vocab=int(text.vocab_size), lora_params=lora, lora_rank=lora_rank)
@@ -191,9 +195,10 @@ def plan_modes(shape: Shape, ranks: int, micro_tokens: int = 8192, kl: bool = Fa
             transient = PREFETCH_LAYERS * layer * (2 if bf16 else 4) + layer * 4  # gathered params, a layer's grads
             notes.append("two layers gathered at a time")
         act = activation_bytes_per_token(shape, 2 if bf16 else 4, grad_checkpoint)
-        # Loading: the whole fp32 model on the device before it is sharded; the reference is loaded whole the
-        # same way after the model is in place.
-        load_peak = max(4 * p, weights + grads + optimizer + other + 4 * p) if reference else 4 * p
+        if sharded and mode != "lora-fsdp2":  # its shards, the reference's, one tensor's shard again
+            load_peak = 4 * p / n + (4 * p / n if reference else 0.0) + 4 * shape.largest_tensor / n
+        else:  # the whole fp32 model first (and the reference whole, once the model is in place)
+            load_peak = max(4 * p, weights + grads + optimizer + other + 4 * p) if reference else 4 * p
         out.append(ModePlan(mode=mode, ranks=n, weights=weights, grads=grads, optimizer=optimizer, other=other,
                             reference=reference, activations_per_token=act, micro_tokens=micro_tokens,
                             load_peak=load_peak, transient=transient, notes=notes))
@@ -219,13 +224,13 @@ def plan(model: str, gpus: int, gpu_mem_gb: float, micro_tokens: int = 8192, kl:
         raise UsageError("--micro-tokens must be >= 1")
     shape = count_shape(model, lora_rank=lora_rank)
     gpu, reserve = gpu_mem_gb * GiB, reserve_gb * GiB
-    modes = [{**m.to_json(), "trains": m.step_peak <= gpu - reserve, "loads_today": m.load_peak <= gpu - reserve,
+    modes = [{**m.to_json(), "trains": m.step_peak <= gpu - reserve, "loads": m.load_peak <= gpu - reserve,
               "largest_params": largest_params(m, shape, gpu, reserve)}
              for m in plan_modes(shape, gpus, micro_tokens, kl, grad_checkpoint)]
     return {"model": asdict(shape), "gpus": gpus, "gpu_mem_gb": gpu_mem_gb, "reserve_gb": reserve_gb,
             "micro_tokens": micro_tokens, "kl": kl, "grad_checkpoint": grad_checkpoint, "modes": modes,
-            "fits": [m["mode"] for m in modes if m["trains"] and m["loads_today"]],
-            "fits_once_loading_is_sharded": [m["mode"] for m in modes if m["trains"] and not m["loads_today"]]}
+            "fits": [m["mode"] for m in modes if m["trains"] and m["loads"]],
+            "trains_but_does_not_load": [m["mode"] for m in modes if m["trains"] and not m["loads"]]}
 
 
 def held_bytes(trainer: Any) -> dict[str, int]:
@@ -283,21 +288,21 @@ def render(result: dict[str, Any]) -> Any:
     for m in result["modes"]:
         table.add_row(m["mode"], _gb(m["weights"] + m["grads"] + m["optimizer"]), _gb(m["other"] + m["transient"]),
                       _gb(m["reference"]), _gb(m["activations_per_token"] * m["micro_tokens"]), _gb(m["step_peak"]),
-                      _gb(m["load_peak"]), "yes" if m["trains"] and m["loads_today"] else "load" if m["trains"] else "no",
+                      _gb(m["load_peak"]), "yes" if m["trains"] and m["loads"] else "load" if m["trains"] else "no",
                       f"{m['largest_params'] / 1e9:,.1f}B")
     lines = ["state: weights + gradients + AdamW; extra: copies and gathered layers; peak: all of it with the "
-             "activations; load: while loading today; fits: yes, no, or load (trains, but does not load today); max: the "
+             "activations; load: the most held while loading; fits: yes, no, or load (trains, but does not load); max: the "
              "largest model of these proportions that trains",
              f"activations: {result['micro_tokens']:,} tokens a micro-batch"
              f"{', grad checkpointing' if result['grad_checkpoint'] else ''}; "
              f"{result['reserve_gb']:g} GiB a rank set aside (CUDA context, allocator, NCCL)"
              f"{'; KL reference held' if result['kl'] else ''}"]
     if result["fits"]:
-        lines.append(f"trains and loads today: {', '.join(result['fits'])}")
-    if result["fits_once_loading_is_sharded"]:
-        lines.append(f"trains, but does not load today (every rank loads the whole fp32 model before sharding): "
-                     f"{', '.join(result['fits_once_loading_is_sharded'])}")
-    if not result["fits"] and not result["fits_once_loading_is_sharded"]:
+        lines.append(f"trains and loads: {', '.join(result['fits'])}")
+    if result["trains_but_does_not_load"]:
+        lines.append(f"trains, but does not load (the whole fp32 model is built on each rank first): "
+                     f"{', '.join(result['trains_but_does_not_load'])}")
+    if not result["fits"] and not result["trains_but_does_not_load"]:
         lines.append("no mode fits: more GPUs, --grad-checkpoint, fewer --micro-tokens, or LoRA")
     return Group(table, *(Text(line) for line in lines))
 

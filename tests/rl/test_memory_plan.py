@@ -43,8 +43,9 @@ def test_sharded_state_divides_by_the_ranks_and_replicated_state_does_not():
         assert fsdp.reference == pytest.approx(4 * p / n)
         assert fsdp.other == 0 and fsdp.transient == 3 * shape.layer_params * 4  # two layers gathered, one's grads
         assert modes["lora-fsdp2"].reference == 0  # the reference is the model with its adapters off
-        # Loading today: the whole fp32 model on every rank, whatever n is.
-        assert fsdp.load_peak >= 4 * p
+        # Loading: FSDP2 reads its shards (and one tensor's shard again); DDP and LoRA build the whole model.
+        assert fsdp.load_peak == pytest.approx(8 * p / n + 4 * shape.largest_tensor / n)
+        assert modes["ddp-fp32"].load_peak >= 4 * p and modes["lora-fsdp2"].load_peak == 4 * p
     checkpointed = plan_modes(shape, 8, grad_checkpoint=True)[0].activations_per_token
     assert checkpointed < plan_modes(shape, 8)[0].activations_per_token
 
@@ -54,11 +55,13 @@ def test_what_fits_on_eight_80gb_gpus():
     eight_b = plan(str(DOCS / "llama3-8b.json"), 8, 80, grad_checkpoint=True, kl=True)
     assert eight_b["fits"] == ["fsdp2-fp32", "fsdp2-bf16", "lora-fsdp2"]  # DDP replicates 16 B/param: 120 GiB
     thirty_two_b = plan(str(DOCS / "qwen2.5-32b.json"), 8, 80, grad_checkpoint=True)
-    # Full fine-tuning needs 16P/8 = 61 GiB of state plus activations; LoRA trains, but loading the whole
-    # fp32 model (131 GB) on each GPU before sharding does not fit: the plan says so.
-    assert thirty_two_b["fits"] == [] and thirty_two_b["fits_once_loading_is_sharded"] == ["lora-fsdp2"]
+    # Full fine-tuning needs 16P/8 = 61 GiB of state plus activations; LoRA trains, but it builds the whole
+    # fp32 model (131 GB) on each GPU before sharding, which does not fit: the plan says so.
+    assert thirty_two_b["fits"] == [] and thirty_two_b["trains_but_does_not_load"] == ["lora-fsdp2"]
     lora = {m["mode"]: m for m in thirty_two_b["modes"]}["lora-fsdp2"]
-    assert lora["trains"] and not lora["loads_today"] and lora["largest_params"] > 32_763_876_352
+    assert lora["trains"] and not lora["loads"] and lora["largest_params"] > 32_763_876_352
+    fsdp = {m["mode"]: m for m in thirty_two_b["modes"]}["fsdp2-bf16"]
+    assert fsdp["loads"] and not fsdp["trains"]  # its shards load; 16 B/param / 8 plus activations do not fit
 
 
 def test_the_cli_prints_json_and_refuses_bad_arguments(tmp_path):
@@ -81,7 +84,7 @@ def test_the_cli_prints_json_and_refuses_bad_arguments(tmp_path):
     text = console.export_text()
     assert all(mode["mode"] in text for mode in out["modes"]) and "…" not in text, text
     # No checkpointing: 8,192 tokens of fp32 activations (84 GiB) fit in no fp32 mode; bf16's half does.
-    assert "trains and loads today: fsdp2-bf16" in text, text
+    assert "trains and loads: fsdp2-bf16" in text, text
     for args, says in ((["plan", str(tmp_path), "--model", str(DOCS / "llama3-8b.json")], "not both"),
                        (["plan", "--model", str(tmp_path / "nowhere")], "no model config"),
                        (["plan"], "--model to plan training memory"),
