@@ -18,10 +18,7 @@ Rates come from the newest --last trajectory shards (RUN/rollouts, else RUN/rewa
 
   arlctl plan runs/r1 --inference-tok-s 2500 --target-steps-per-hour 120 --json | jq .target
 
-With --model instead of a run: each training mode's bytes on one rank (weights, gradients, AdamW, extra
-copies, the KL reference, activations of a micro-batch), from the model's config.json built on the meta
-device, before anything is loaded; whether it trains and loads on --gpus GPUs of --gpu-mem GiB, and the
-largest model of its proportions each mode could train there.
+With --model instead of a run: each training mode's bytes on one rank (weights, gradients, AdamW, extra copies, the KL reference, activations of a micro-batch), from the model's config.json built on the meta device, before anything is loaded; whether it trains and loads on --gpus GPUs of --gpu-mem GiB, and the largest model of its proportions each mode could train there.
 
   arlctl plan --model ~/.cache/arlctl/models/smollm2-135m --gpus 1 --gpu-mem 24
 

@@ -41,8 +41,11 @@ class ScriptedPolicy:
 
     max_context = None  # no context of its own: the rollout's --max-context bounds the prompts
 
-    def __init__(self, tokenizer: Any, name: str, script: Callable[[str], str]):
-        self.tokenizer, self.name, self.version, self.script = tokenizer, name, 0, script
+    def __init__(self, tokenizer: Any, name: str, script: Callable[[str], str] | None = None):
+        """script: the reply function; a subclass may define a `script` method instead (and pass None)."""
+        self.tokenizer, self.name, self.version = tokenizer, name, 0
+        if script is not None:
+            self.script = script
         self.stop_ids = end_of_message_ids(tokenizer)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:

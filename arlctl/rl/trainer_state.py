@@ -315,24 +315,52 @@ class TrainerState:
         dtype = torch.bfloat16 if self.cfg.publish_dtype == "bf16" else torch.float32
         return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in full.items()}
 
+    def _streams_export(self) -> bool:
+        """FSDP2 without LoRA or offload writes the HF weights tensor by tensor (streamed_export); the
+        others gather a full state dict on rank 0 (LoRA merges it; offload's shards live on the CPU)."""
+        return self.strategy == "fsdp2" and not self.lora and not self.cfg.offload
+
+    def _export_state(self) -> dict[str, Any]:
+        """The policy's tensors with HF names, still sharded; a tied head once (as write_hf_dir writes it)."""
+        state = {k.removeprefix("lm."): v for k, v in self.master.state_dict().items() if k.startswith("lm.")}
+        if getattr(self.lm.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in state:
+            state.pop("lm_head.weight", None)
+        return state
+
     def save(self, ckpt_dir: str, state: dict[str, Any], full: bool) -> float:
         """Write step `state['step']` (full, or weights only) on every rank; rank 0 commits. Returns seconds."""
+        import shutil
+        import tempfile
+
         started = time.perf_counter()
         step = int(state["step"])
-        weights = self.hf_state_dict()
-        bad = ckpt.first_nonfinite(weights.items()) if weights is not None else None
-        bad = self.d.broadcast(bad)
-        if bad is not None:
-            raise TerminalError(f"refusing to save {run_ledger.step_dir_name(step)}: weight {bad[0]} holds {bad[1]}",
-                                hint="the newest complete checkpoint is unchanged; lower --lr or --grad-clip")
-        staging = str(store.child(ckpt_dir, f".{run_ledger.step_dir_name(step)}.staging"))
-        shard_files: dict[str, int] = {}
-        if full:
-            shard_files = self._write_shards(staging)
-        if self.d.is_main:
-            self._commit(ckpt_dir, step, weights, {**state, FULL_KEY: full}, staging if full else None, shard_files)
+        scratch = tempfile.mkdtemp(prefix="arlctl-export-") if self.d.is_main else None
+        try:
+            weights, weights_file = None, None
+            if self._streams_export():
+                from arlctl.rl.streamed_export import stream_weights
+
+                weights_file = Path(scratch) / "model.safetensors" if scratch else None
+                publish = torch.bfloat16 if self.cfg.publish_dtype == "bf16" else torch.float32
+                bad = stream_weights(self._export_state(), weights_file, publish, self.d.broadcast)
+            else:
+                weights = self.hf_state_dict()
+                bad = self.d.broadcast(ckpt.first_nonfinite(weights.items()) if weights is not None else None)
+            if bad is not None:
+                raise TerminalError(f"refusing to save {run_ledger.step_dir_name(step)}: weight {bad[0]} holds "
+                                    f"{bad[1]}", hint="the newest complete checkpoint is unchanged; lower --lr or --grad-clip")
+            staging = str(store.child(ckpt_dir, f".{run_ledger.step_dir_name(step)}.staging"))
+            shard_files: dict[str, int] = {}
             if full:
-                store.remove_dir(staging)
+                shard_files = self._write_shards(staging)
+            if self.d.is_main:
+                self._commit(ckpt_dir, step, weights, {**state, FULL_KEY: full}, staging if full else None, shard_files,
+                             weights_file)
+                if full:
+                    store.remove_dir(staging)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
         self.d.barrier()
         if full:
             self.last_full = step
@@ -368,13 +396,13 @@ class TrainerState:
         torch.save(ckpt.rng_state(), local / f"rng-{self.d.rank}.pt")
         return {f"{TRAINER_DIR}/{p.name}": p.stat().st_size for p in local.iterdir() if p.is_file()}
 
-    def _commit(self, ckpt_dir: str, step: int, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                staging: str | None, shard_files: dict[str, int]) -> None:
+    def _commit(self, ckpt_dir: str, step: int, weights: dict[str, torch.Tensor] | None, state: dict[str, Any],
+                staging: str | None, shard_files: dict[str, int], weights_file: Path | None = None) -> None:
         lm = self.lm
 
         def build(directory: Path) -> None:
             write_hf_dir(directory, weights, lm, self.tokenizer, adapter=self.lora and self.cfg.publish_format
-                         == "adapter", cfg=self.cfg, base=self.initial_policy)
+                         == "adapter", cfg=self.cfg, base=self.initial_policy, weights_file=weights_file)
             if staging is not None:
                 torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
             ckpt.write_manifest(directory, state, shard_files)
@@ -402,9 +430,11 @@ def lr_lambda(cfg: TrainConfig) -> Any:
     return factor
 
 
-def write_hf_dir(directory: Path, weights: dict[str, torch.Tensor], lm: nn.Module, tokenizer: Any, *,
-                 adapter: bool = False, cfg: TrainConfig | None = None, base: Path | None = None) -> None:
-    """An HF model directory from a full state dict: config, generation config, safetensors, tokenizer.
+def write_hf_dir(directory: Path, weights: dict[str, torch.Tensor] | None, lm: nn.Module, tokenizer: Any, *,
+                 adapter: bool = False, cfg: TrainConfig | None = None, base: Path | None = None,
+                 weights_file: Path | None = None) -> None:
+    """An HF model directory from a full state dict, or from `weights_file` (a model.safetensors already
+    written, tensor by tensor: streamed_export): config, generation config, safetensors, tokenizer.
 
     Tied embeddings are written once (as HF does); the loader ties them again. With adapter=True the
     directory is a peft adapter directory beside the base policy `base`.
@@ -417,13 +447,18 @@ def write_hf_dir(directory: Path, weights: dict[str, torch.Tensor], lm: nn.Modul
         lora.write_adapter_dir(directory, weights, str(base), cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_list())
     else:
         config = lm.config
-        if getattr(config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in weights:
-            weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
         config.save_pretrained(directory)
         if getattr(lm, "generation_config", None) is not None and lm.can_generate():
             lm.generation_config.save_pretrained(directory)
-        save_file({k: v.clone() for k, v in weights.items()}, str(directory / "model.safetensors"),
-                  metadata={"format": "pt"})
+        if weights_file is not None:
+            import shutil
+
+            shutil.move(str(weights_file), str(directory / "model.safetensors"))
+        else:
+            if getattr(config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in weights:
+                weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+            save_file({k: v.clone() for k, v in weights.items()}, str(directory / "model.safetensors"),
+                      metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
 

@@ -95,7 +95,7 @@ class OraclePolicy(ScriptedPolicy):
     """A scripted policy that replays gold patches. `tasks`: instance_id -> task dict."""
 
     def __init__(self, tokenizer: Any, tasks: dict[str, dict[str, Any]] | None = None, name: str = "oracle:gold"):
-        super().__init__(tokenizer, name, self._reply)  # each turn ends as a model's would
+        super().__init__(tokenizer, name)  # its script is the method below; each turn ends as a model's would
         self.submit_only = name == "oracle:empty"
         self.tasks = dict(tasks or {})
 
@@ -109,7 +109,7 @@ class OraclePolicy(ScriptedPolicy):
         root = Path(prepare_snapshot(task))
         return {p: (root / p).read_text(encoding="utf-8") for p in paths_in(task["patch"]) if (root / p).is_file()}
 
-    def _reply(self, prompt: str) -> str:
+    def script(self, prompt: str) -> str:
         """The reply text for a decoded prompt."""
         match = _TASK_RE.search(prompt)
         if match is None:
