@@ -59,10 +59,9 @@ def _weight_files(model_dir: Path) -> dict[str, Path]:
     if not single.is_file():
         raise TerminalError(f"no safetensors weights in {model_dir}",
                             hint="sharded loading reads model.safetensors or model.safetensors.index.json")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as fh:
-        return dict.fromkeys(fh.keys(), single)  # noqa: SIM118 (a safe_open handle, not a dict)
+    header = WeightFile(single)  # its header only
+    header.close()
+    return dict.fromkeys(header.tensors, single)
 
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

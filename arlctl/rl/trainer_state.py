@@ -334,7 +334,7 @@ class TrainerState:
 
         started = time.perf_counter()
         step = int(state["step"])
-        scratch = tempfile.mkdtemp(prefix="arlctl-export-") if self.d.is_main else None
+        scratch = tempfile.mkdtemp(prefix="arlctl-export-") if self.d.is_main and self._streams_export() else None
         try:
             weights, weights_file = None, None
             if self._streams_export():

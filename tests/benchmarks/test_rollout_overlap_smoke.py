@@ -114,12 +114,11 @@ def test_run_benchmark_report_is_consistent(policy):
         assert mode["generate_calls"] == 4
         assert mode["tokens_per_turn_min"] == mode["tokens_per_turn_max"] == TOKENS
         assert math.isclose(mode["ratio_to_bound"], mode["wall_s"] / b["bound_s"], rel_tol=0.02, abs_tol=0.01)
-    assert math.isclose(
-        out["speedup"]["arlctl_over_lockstep"],
-        out["modes"]["lockstep"]["wall_s"] / out["modes"]["arlctl"]["wall_s"],
-        rel_tol=0.02,
-        abs_tol=0.01,
-    )
+    # The speedup is computed from the unrounded walls, the walls shown are rounded to 1 ms: at tens of ms
+    # that alone moves their ratio by a few percent, so the tolerance is that rounding's bound.
+    lockstep, arlctl = out["modes"]["lockstep"]["wall_s"], out["modes"]["arlctl"]["wall_s"]
+    rounding = (lockstep / arlctl) * (0.0005 / arlctl + 0.0005 / lockstep) + 0.0005
+    assert abs(out["speedup"]["arlctl_over_lockstep"] - lockstep / arlctl) <= rounding + 1e-9
     assert "arlctl within 1.2x of the bound" in bench.report(out)
 
 
