@@ -48,8 +48,9 @@ class TrainResult:
     reward_mean: float | None = None
     tokens_per_s: float | None = None
     world_size: int = 1  # ranks that trained (torchrun)
+    packing: str | None = None  # "packed", or "padded" and why (--pack); only when a step ran
 
-    TRAINED = ("save_s", "loss_mean", "reward_mean", "tokens_per_s")
+    TRAINED = ("save_s", "loss_mean", "reward_mean", "tokens_per_s", "packing")
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any]) -> TrainResult:

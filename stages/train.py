@@ -91,7 +91,8 @@ from arlctl.stages.results import TrainIO, TrainResult
 
 
 def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: TrainConfig,
-                     d: dd.Dist | None = None, teacher: Any | None = None, estimator: str | None = None) -> dict[str, Any]:
+                     d: dd.Dist | None = None, teacher: Any | None = None, estimator: str | None = None,
+                     packed: bool = False) -> dict[str, Any]:
     """Accumulate the gradient of the batch loss into .grad over token-budget micro-batches.
 
     model: an HF causal LM, or the trainer's module (a ScoringModel, possibly under DDP / FSDP2; with a value
@@ -102,6 +103,8 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     their advantages completed here (see the module docstring).
     d: on more than one rank, this rank trains its token-balanced share of the rows; the loss carries the
     whole batch's denominators and the returned sums are the whole batch's (reduced over ranks).
+    packed: micro-batches of real tokens, run packed (arlctl/rl/packing.py; the models' attention must be
+    packing.ROWS or flash-attention's); else padded.
     """
     d = d or dd.Dist()
     critic = dd.has_value_head(model)
@@ -111,11 +114,13 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     if cfg.precision == "bf16" and next(model.parameters()).dtype == torch.float32 and not _is_fsdp(model):
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)  # fp32 weights (ddp, or a bare model)
 
-    # 1. Plan micro-batches of this rank's rows: whole rows, longest first, rows x longest <= micro_tokens.
+    # 1. Plan micro-batches of this rank's rows: whole rows, longest first, rows x longest <= micro_tokens
+    #    (padded) or the rows' tokens <= micro_tokens (packed).
     lengths = [p + r for p, r in zip(batch.column("prompt_tokens").to_pylist(),
                                      batch.column("response_tokens").to_pylist(), strict=True)]
     mine = dd.split_rows(lengths, d.world)[d.rank] if d.active else list(range(len(lengths)))
-    plan = [[mine[j] for j in group] for group in plan_micro_batches([lengths[i] for i in mine], cfg.micro_tokens)]
+    plan = [[mine[j] for j in group]
+            for group in plan_micro_batches([lengths[i] for i in mine], cfg.micro_tokens, packed=packed)]
     # Every rank runs as many micro-batches as the busiest one: each is a collective under FSDP2.
     steps = int(d.max([float(len(plan))])[0])
 
@@ -147,13 +152,13 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
     #    (summed) in the backward of the last one.
     model.train()
     scale = dd.loss_scale(model, d)
-    out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": len(plan),
-                           "token_values": token_values}
+    out: dict[str, Any] = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "forward_tokens": 0,
+                           "micro_batches": len(plan), "token_values": token_values}
     denominators = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_tokens": norm_tokens}
     use_teacher = teacher is not None and bool(cfg.teacher_kl_coef)  # the loss term (distill's pass ran above)
     for k in range(steps):
         rows = plan[k] if k < len(plan) else None
-        mb = (collate(columns, rows) if rows else dd.empty_micro_batch()).to(device)
+        mb = (collate(columns, rows, packed=packed) if rows else dd.empty_micro_batch(packed)).to(device)
         with dd.grad_sync_scope(model, last=k == steps - 1), autocast:
             ref_logp = _reference_logp(model, ref_model, mb, cfg)
             teacher_logp = estimators.teacher_logp(teacher, mb, cfg.temperature) if use_teacher else None  # [B, L-1]
@@ -174,6 +179,7 @@ def forward_backward(model: Any, ref_model: Any | None, batch: pa.Table, cfg: Tr
             out["entropy_sum"] += float((entropy * mb.loss_mask).sum())
             out["sums"].append(sums)
             out["seq_tokens"] += mb.real_tokens
+            out["forward_tokens"] += mb.forward_tokens
     return _reduce_over_ranks(out, d) if d.active else out
 
 
@@ -197,6 +203,18 @@ def _reference_logp(model: Any, ref_model: Any, mb: Any, cfg: TrainConfig, force
             with reference_scope(lm):
                 return _score(inner, mb, temperature=cfg.temperature)[0]
         return _score(ref_model, mb, temperature=cfg.temperature)[0]  # [B, L-1]
+
+
+def _bare_packing(lm: Any, cfg: TrainConfig) -> bool:
+    """A step on a bare model (no trainer state, so no probe): packed only with --pack on."""
+    if cfg.pack != "on":
+        return False
+    from arlctl.rl.packing import use_rows_attention
+
+    why = use_rows_attention(lm, next(lm.parameters()).device)
+    if why is not None:
+        raise UsageError(f"--pack on: the model cannot pack: {why}", hint="--pack auto or off")
+    return True
 
 
 def _is_fsdp(model: Any) -> bool:
@@ -223,15 +241,15 @@ def _reduce_over_ranks(out: dict[str, Any], d: dd.Dist) -> dict[str, Any]:
     keys = (*METRIC_SUMS, *optional)
     sums = {k: sum(float(s.get(k, 0.0)) for s in out["sums"]) for k in keys}
     totals = d.sum([out["loss"], out["entropy_sum"], float(out["seq_tokens"]), float(out["micro_batches"]),
-                    *sums.values()])
+                    float(out["forward_tokens"]), *sums.values()])
     high = d.max([max((float(s["ratio_max"]) for s in out["sums"]), default=-math.inf)])[0]
     low = d.min([min((float(s["ratio_min"]) for s in out["sums"]), default=math.inf)])[0]
-    merged = {k: torch.tensor(v) for k, v in zip(keys, totals[4:], strict=True)}
+    merged = {k: torch.tensor(v) for k, v in zip(keys, totals[5:], strict=True)}
     merged.update(ratio_max=torch.tensor(high if math.isfinite(high) else 1.0),
                   ratio_min=torch.tensor(low if math.isfinite(low) else 1.0))
     token_values = {row: v for part in d.gather_objects(out["token_values"]) for row, v in part.items()}
     return {"loss": totals[0], "entropy_sum": totals[1], "seq_tokens": int(totals[2]), "micro_batches": int(totals[3]),
-            "sums": [merged] if totals[4] else [], "token_values": token_values}
+            "forward_tokens": int(totals[4]), "sums": [merged] if totals[5] else [], "token_values": token_values}
 
 
 def rows_to_drop(batch: pa.Table, vocab_size: int | None) -> dict[int, str]:
@@ -317,6 +335,7 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     lr = optimizer.param_groups[0]["lr"]
     d = trainer.d if trainer is not None else dd.Dist()
     lm = trainer.lm if trainer is not None else getattr(dd.unwrap(model), "lm", model)
+    packed = trainer.packed if trainer is not None else _bare_packing(lm, cfg)
 
     # 1. Leave out rows no step may read; the rule is counted, never silent. Every rank reads the whole
     #    batch and drops the same rows.
@@ -337,11 +356,12 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     # 2. Gradient of the whole batch's loss, accumulated over micro-batches (and ranks); then clip its norm.
     skip = None
     if batch.num_rows == 0:
-        acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "micro_batches": 0, "token_values": {}}
+        acc = {"loss": 0.0, "entropy_sum": 0.0, "sums": [], "seq_tokens": 0, "forward_tokens": 0, "micro_batches": 0,
+               "token_values": {}}
         grad_norm = torch.tensor(0.0)
         skip = None if all_stale else "no row left to train on"
     else:
-        acc = forward_backward(model, ref_model, batch, cfg, d, teacher=teacher, estimator=estimator)
+        acc = forward_backward(model, ref_model, batch, cfg, d, teacher=teacher, estimator=estimator, packed=packed)
         if trainer is not None:
             trainer.after_backward()
         params = [p for p in (trainer.master if trainer is not None else model).parameters() if p.requires_grad]
@@ -376,7 +396,8 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     metrics.update({
         "loss": acc["loss"], "entropy": acc["entropy_sum"] / max(metrics["tokens"], 1.0),
         "grad_norm": float(grad_norm), "lr": lr, "rows": batch.num_rows, "micro_batches": acc["micro_batches"],
-        "seq_tokens": acc["seq_tokens"], "step_time_s": elapsed, "tokens_per_s": acc["seq_tokens"] / max(elapsed, 1e-9),
+        "seq_tokens": acc["seq_tokens"], "forward_tokens": acc["forward_tokens"], "packed": int(packed),
+        "step_time_s": elapsed, "tokens_per_s": acc["seq_tokens"] / max(elapsed, 1e-9),
         "reward_mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "advantage_mean": float(advantages.mean()) if advantages.numel() else 0.0,
         "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
@@ -435,7 +456,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     summary = {"steps": 0, "step": step, "batches": [basename(u) for u in todo],
                "checkpoint": where["latest"], "resumed_from": step if where["latest"] else None,
                "skipped_nonfinite": 0, "rows_dropped_invalid": 0, "bad_value_events": [], **STALE_SUMMARY,
-               "world_size": d.world}
+               "world_size": d.world, "packing": None}
     if not todo:
         return summary
 
@@ -490,7 +511,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     _refuse(refusal)
     events = [e for e in ledger.events if e["step"] > int(state["step"])]  # this invocation's
     return {
-        **summary, "steps": len(history), "step": step, "save_s": save_s,
+        **summary, "steps": len(history), "step": step, "save_s": save_s, "packing": trainer.packing,
         "checkpoint": run_ledger.checkpoint_location(ckpt_dir, step),
         "loss_mean": _mean(h["loss"] for h in history), "reward_mean": _mean(h["reward_mean"] for h in history),
         "tokens_per_s": _mean(h["tokens_per_s"] for h in history),

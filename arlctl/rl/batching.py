@@ -1,7 +1,9 @@
-"""Turning a batch shard into padded micro-batches, and scoring response tokens with a causal LM.
+"""Turning a batch shard into micro-batches, and scoring response tokens with a causal LM.
 
-Micro-batches hold whole rows under a token budget (rows x longest row <= micro_tokens), rows sorted by
-length so that rows of similar length share a micro-batch and padding stays small.
+Micro-batches hold whole rows under a token budget, rows taken longest first: padded, rows x longest row
+<= micro_tokens, so that rows of similar length share a micro-batch and padding stays small; packed
+(`train --pack`, arlctl/rl/packing.py), the rows' real tokens <= micro_tokens, run as one sequence with
+attention confined to each row. Either way the loss reads the same padded [B, L-1] layout.
 
 Scoring runs the decoder once over prompt_ids + response_ids and applies the LM head only at positions
 whose next token is a trained (mask-1) token: in agentic rows most response tokens are environment
@@ -37,6 +39,7 @@ import pyarrow as pa
 import torch
 
 from arlctl.rl.losses import entropy_from_logits, token_logprobs
+from arlctl.rl.packing import Packed, pack, plan_packed
 
 
 @dataclass
@@ -51,6 +54,7 @@ class MicroBatch:
     real_tokens: int  # non-padding tokens
     old_values: torch.Tensor | None = None  # [B, L-1] the critic's values before the step (GAE batches)
     returns: torch.Tensor | None = None  # [B, L-1] the value targets (GAE batches)
+    packed: Packed | None = None  # the rows end to end: what the decoder runs on when set (packing.py)
 
     def to(self, device: torch.device | str) -> MicroBatch:
         tensors = ("input_ids", "attention_mask", "loss_mask", "behaviour_logp", "advantages", "weights",
@@ -58,14 +62,24 @@ class MicroBatch:
         for name in tensors:
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).to(device, non_blocking=True))
+        if self.packed is not None:
+            self.packed.to(device)
         return self
 
+    @property
+    def forward_tokens(self) -> int:
+        """Tokens the decoder runs on: the real ones when packed, rows x width when padded."""
+        return self.real_tokens if self.packed is not None else self.input_ids.numel()
 
-def plan_micro_batches(lengths: list[int], micro_tokens: int) -> list[list[int]]:
-    """Group row indices so each group's rows x longest length <= micro_tokens (a longer row goes alone).
+
+def plan_micro_batches(lengths: list[int], micro_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Group row indices so each group's rows x longest length <= micro_tokens (a longer row goes alone), or
+    with `packed` so that each group's real tokens sum to <= micro_tokens (packing.plan_packed).
 
     Rows are taken longest first, so the padded cost of each group is set by its first row.
     """
+    if packed:
+        return plan_packed(lengths, micro_tokens)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     for i in order:
@@ -173,8 +187,9 @@ def nonfinite_rows(cols: dict[str, list]) -> dict[int, str]:
     return bad
 
 
-def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
-    """Build the padded tensors of one micro-batch from rows of a batch shard (or its batch_columns)."""
+def collate(table: pa.Table | dict[str, list], rows: list[int], packed: bool = False) -> MicroBatch:
+    """Build the padded tensors of one micro-batch from rows of a batch shard (or its batch_columns); with
+    `packed`, also its packed form, which the decoder then runs on (the loss reads the padded layout)."""
     cols = batch_columns(table) if isinstance(table, pa.Table) else table
     prompts, responses = cols["prompt_ids"], cols["response_ids"]
     masks, logprobs = cols["response_mask"], cols["response_logprobs"]
@@ -200,9 +215,11 @@ def collate(table: pa.Table | dict[str, list], rows: list[int]) -> MicroBatch:
         advantages = token_advantages(row_adv, [len(prompts[i]) for i in rows], [spans[i] for i in rows], width)
     else:
         advantages = row_adv  # [B]: the outcome-only path, unchanged
+    lengths = [len(prompts[i]) + len(responses[i]) for i in rows]
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention,
+        packed=pack(input_ids, lengths, loss_mask[:, 1:]) if packed else None,
         loss_mask=loss_mask[:, 1:],  # [B, L-1]: logits at t predict token t+1
         behaviour_logp=behaviour[:, 1:],  # [B, L-1]
         advantages=advantages,
@@ -276,9 +293,14 @@ def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False, tempera
     position t holds V of the state that sampled token t + 1.
     """
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state  # [B, L, H]
-    selected = hidden[:, :-1][mb.loss_mask]  # [N, H]
-    labels = mb.input_ids[:, 1:][mb.loss_mask]  # [N]
+    if mb.packed is not None:  # one sequence of the rows end to end, attention within each row
+        hidden = decoder(**mb.packed.decoder_kwargs()).last_hidden_state[0]  # [T, H]
+        selected = hidden[mb.packed.index]  # [N, H]
+        labels = mb.packed.input_ids[0, mb.packed.index + 1]  # [N]
+    else:
+        hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state  # [B, L, H]
+        selected = hidden[:, :-1][mb.loss_mask]  # [N, H]
+        labels = mb.input_ids[:, 1:][mb.loss_mask]  # [N]
     logits = model.get_output_embeddings()(selected)  # [N, V]
     if temperature != 1.0:
         logits = logits / temperature

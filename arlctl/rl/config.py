@@ -20,6 +20,7 @@ STRATEGIES = ("auto", "fsdp2", "ddp", "single")
 PUBLISH_DTYPES = ("fp32", "bf16")
 PUBLISH_FORMATS = ("merged", "adapter")
 GAE_LEVELS = ("token", "turn")
+PACK_MODES = ("auto", "on", "off")
 DISTILL_BASELINES = ("batch", "none")
 
 
@@ -77,7 +78,12 @@ class TrainConfig:
                                              "teacher - student over the batch's trained tokens: a baseline, "
                                              "unbiased, far lower variance) | none.")
     teacher_kl_coef: float = setting(0.0, "k3 KL to the --teacher's log-probs as a loss term.")
-    micro_tokens: int = setting(8192, "Padded tokens per micro-batch.")
+    micro_tokens: int = setting(8192, "Tokens per micro-batch: the rows' real tokens when packed, rows x the longest "
+                                      "row when padded.")
+    pack: str = setting("auto", "auto | on | off. Packed micro-batches: rows end to end with attention confined to "
+                                "each row, no padding (arlctl/rl/packing.py). auto: packed where the model proves "
+                                "it packs before the first step, padded otherwise (said in the log); on: refuse a "
+                                "model that does not.")
     precision: str = setting("fp32", "fp32 | bf16: bf16 weights and compute with fp32 master weights and optimizer "
                                      "state (FSDP2: MixedPrecisionPolicy, fp32 gradient reduction).")
     strategy: str = setting("auto", "auto | fsdp2 | ddp | single. auto: fsdp2 under torchrun with more than one "
@@ -129,6 +135,8 @@ class TrainConfig:
         self._check_algorithms()
         if self.lr_schedule not in LR_SCHEDULES:
             raise UsageError(f"--lr-schedule must be one of {', '.join(LR_SCHEDULES)}")
+        if self.pack not in PACK_MODES:
+            raise UsageError(f"--pack must be one of {', '.join(PACK_MODES)}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}")
         for flag, value, allowed in (("--strategy", self.strategy, STRATEGIES),

@@ -274,14 +274,14 @@ def total_norm(norm: torch.Tensor) -> torch.Tensor:
     return full() if callable(full) else norm
 
 
-def empty_micro_batch() -> MicroBatch:
+def empty_micro_batch(packed: bool = False) -> MicroBatch:
     """A one-token-pair micro-batch with nothing trained: its loss is 0 and its gradient exactly zero, but it
     runs every layer forward and backward, so a rank with fewer rows still joins each collective."""
     from arlctl.rl.batching import collate
 
     cols = {"prompt_ids": [[0]], "response_ids": [[0]], "response_mask": [[0]], "response_logprobs": [[0.0]],
             "advantage": [0.0], "weight": [0.0]}
-    return collate(cols, [0])
+    return collate(cols, [0], packed=packed)
 
 
 @contextmanager

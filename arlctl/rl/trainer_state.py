@@ -93,6 +93,8 @@ class TrainerState:
     last_full: int = 0  # step of the newest full checkpoint
     teacher: Any = None  # None | a frozen module | an engine scorer (--teacher: on-policy distillation)
     ledger: Any = None  # the run's BadValueLedger (stages/train.py), carried between --watch cycles
+    packed: bool = False  # micro-batches run packed (--pack, decided by `_decide_packing`)
+    packing: str = "padded"  # what was decided, and why when padded
 
     @property
     def lora(self) -> bool:
@@ -156,7 +158,31 @@ class TrainerState:
         trainer._refuse_nonfinite_start(resume_ckpt or initial_policy)
         trainer.ref = trainer._reference()
         trainer.teacher = trainer._teacher()
+        trainer._decide_packing()
         return trainer
+
+    def _decide_packing(self) -> None:
+        """--pack: switch every local model to packed attention and prove on its own weights that it packs
+        (packing.check_packing); auto falls back to padded micro-batches with the reason, on refuses."""
+        from arlctl.rl import packing
+
+        if self.cfg.pack == "off":
+            self.packing = "padded (--pack off)"
+            return
+        models = [("policy", self.module)] + [(name, m) for name, m in (("reference", self.ref),
+                                                                        ("teacher", self.teacher))
+                                              if isinstance(m, nn.Module)]
+        tol = packing.PROBE_TOL[self.cfg.precision]
+        for name, module in models:
+            why = packing.use_rows_attention(dd.unwrap(module).lm, self.d.device)
+            if why is None:
+                why = packing.check_packing(module, self.d.device, tol)
+            if why is not None:
+                if self.cfg.pack == "on":
+                    raise UsageError(f"--pack on: the {name} model cannot pack: {why}", hint="--pack auto or off")
+                self.packing = f"padded: the {name} model cannot pack ({why})"
+                return
+        self.packed, self.packing = True, "packed"
 
     def _load_shards(self, directory: Path) -> None:
         import torch.distributed.checkpoint as dcp

@@ -18,7 +18,7 @@ def main() -> None:
                         on_step=lambda step, m: print(f"trained step {step}", flush=True))
         report = {"rank": int(os.environ.get("RANK", "0")), "mode": mode, "steps": summary["steps"],
                   "world_size": summary["world_size"], "skipped": summary["skipped_nonfinite"],
-                  "events": summary["bad_value_events"]}
+                  "events": summary["bad_value_events"], "packing": summary.get("packing")}
         # one write per line: both ranks share the pipe, and a report split across writes could interleave
         sys.stdout.write(json.dumps(report) + "\n")
         sys.stdout.flush()
