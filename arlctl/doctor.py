@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from arlctl.errors import ArlctlError, UsageError
 
@@ -203,6 +203,46 @@ def check_model(opts: DoctorOptions) -> CheckResult:
                        FIX_MODEL, required=False)
 
 
+def train_paths() -> dict[str, Any]:
+    """What `arlctl train` would run on this host: the device, the CUDA and NCCL versions, and which fast
+    paths are active (bf16, the packed attention, flash-attn, Liger, torch.compile's compiler)."""
+    import importlib.util
+    import os
+    import shutil
+
+    import torch
+
+    from arlctl.rl.packing import attention_for
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    nccl = None
+    if cuda and torch.distributed.is_nccl_available():
+        nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+    return {
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} cores)",
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "nccl": nccl,
+        "backend": "nccl" if nccl else "gloo",
+        "precision": "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32",
+        "attention": attention_for(device),
+        "flash_attn": importlib.util.find_spec("flash_attn") is not None,
+        "liger_kernel": importlib.util.find_spec("liger_kernel") is not None,
+        "compile": shutil.which("cc") is not None or shutil.which("gcc") is not None or cuda,
+    }
+
+
+def check_train(opts: DoctorOptions) -> CheckResult:
+    """A report, never a failure: the device `arlctl train` gets and the fast paths it will use."""
+    p = train_paths()
+    versions = f"torch {p['torch']}" + (f", CUDA {p['cuda']}, NCCL {p['nccl']}" if p["cuda"] else ", no CUDA")
+    extras = ", ".join(f"{name} {'yes' if p[name] else 'no'}" for name in ("flash_attn", "liger_kernel", "compile"))
+    where = f"{p['device']} x{p['gpus']}" if p["gpus"] else p["device"]
+    detail = (f"{where}; {versions}; ranks over {p['backend']}; --precision auto = "
+              f"{p['precision']}; packed attention {p['attention']}; {extras}")
+    return CheckResult("train", True, detail, required=False)
+
+
 def check_disk(opts: DoctorOptions) -> CheckResult:
     """Free space where the run writes, against `min_free_gb`."""
     if "://" in opts.run_dir:
@@ -226,6 +266,7 @@ CHECKS: dict[str, Callable[[DoctorOptions], CheckResult]] = {
     "vllm": check_vllm,
     "model": check_model,
     "disk": check_disk,
+    "train": check_train,
 }
 
 

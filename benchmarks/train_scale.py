@@ -1,4 +1,5 @@
-"""Training at scale, measured in one run (issue 15): memory per parameter, 2 ranks vs 1, publish latency.
+"""Training at scale, measured in one run (issues 15, 29): memory per parameter, 2 ranks vs 1, publish latency,
+per-rank state at 1, 2 and 4 ranks, packed vs padded micro-batches.
 
 1. Peak memory per parameter of `arlctl train` (one step + its checkpoint, micro-batches of one short row, so
    that weights and optimizer state rather than activations set the peak) for
@@ -10,10 +11,16 @@
 2. Tokens/s of 2 ranks (FSDP2, gloo, one thread each) vs 1 process (two threads) on the same batches.
 3. Publish latency: a weights-only checkpoint (HF safetensors for sync) vs a full one (plus the optimizer
    and model as DCP shards), the same trainer state, on local disk.
+4. Scale: per-rank bytes/param over the library floor (a process importing what a rank imports) at N = 1,
+   2, 4 for fp32 FSDP2, bf16 FSDP2 and LoRA r16 (N = 1: one process), against the goal for fp32 FSDP2 of
+   1.15 x 16/N B/param plus the fp32 export buffer of the largest tensor.
+5. Pack: tokens/s of --pack auto vs --pack off on batches of 8 rows with a multi-turn rollout's length
+   spread, with the share of padding the padded micro-batches carry.
 
   python benchmarks/train_scale.py                        # SmolLM2-135M, every part
   python benchmarks/train_scale.py --models smollm2,0.5b  # add the 0.5B config to the memory table
   python benchmarks/train_scale.py --parts publish        # one part
+  python benchmarks/train_scale.py --parts scale,pack --ranks 1,2,4
   python benchmarks/train_scale.py --models 0.5b --parts memory --modes "fp32 single,fp32 fsdp2 x2,lora r16"
 
 On a CPU without native bf16 (no AVX512-BF16/AMX) bf16 matmuls are emulated and a bf16 step is many times
@@ -54,6 +61,9 @@ MODES = {  # name: (extra train flags, ranks)
     "lora r16": (["--strategy", "single", "--lora-rank", "16"], 1),
     "fp32 fsdp2 x2": (["--strategy", "fsdp2"], 2),  # not in the default set: the bf16 one is the recipe
 }
+# The `scale` part (issue 29): per-rank state at N = 1, 2, 4 for each of these, N = 1 being one process.
+SCALE = {"fp32 fsdp2": ["--precision", "fp32"], "bf16 fsdp2": ["--precision", "bf16"],
+         "lora r16": ["--precision", "fp32", "--lora-rank", "16"]}
 MEMORY_MICRO_TOKENS = 128
 DEFAULT_MODES = "fp32 single,bf16 single,bf16 fsdp2 x2,lora r16"
 
@@ -136,6 +146,91 @@ def memory(models: list[str], root: Path, batches: str, modes: list[str]) -> lis
     return rows
 
 
+def library_floor() -> float:
+    """Peak RSS of a process that imports what a rank imports and loads no weight: what any rank holds
+    before the model (torch, transformers, arlctl)."""
+    imports = "import torch, transformers, arlctl.stages.train, arlctl.cli.main"
+    return run_measured([sys.executable, "-c", imports], env_for(1))[0]
+
+
+def scale(root: Path, batches: str, ranks: list[int]) -> list[dict]:
+    """Per-rank bytes/param over the library floor, one step + its checkpoint, at each world size."""
+    from safetensors import safe_open
+
+    policy = model_dir("smollm2", root)
+    params = n_params(policy)
+    with safe_open(str(policy / "model.safetensors"), framework="pt") as fh:
+        largest = max(int(np.prod(fh.get_slice(k).get_shape())) for k in fh.keys())  # noqa: SIM118
+    floor = library_floor()
+    print(f"  library floor {floor / 2**30:.2f} GB; {params:,} params; largest tensor {largest:,} "
+          f"(its fp32 export buffer {4 * largest / params:.2f} B/param)", flush=True)
+    rows = []
+    for mode, flags in SCALE.items():
+        for n in ranks:
+            strategy = ["--strategy", "single" if n == 1 else "fsdp2"]
+            with tempfile.TemporaryDirectory(dir=root) as out:
+                rss, secs, _ = run_measured(train_cmd(batches, policy, Path(out) / "ckpt", strategy + flags, n, 1,
+                                                      micro_tokens=MEMORY_MICRO_TOKENS), env_for(n))
+            per_param = (rss - floor) / params
+            goal = 1.15 * 16 / n + 4 * largest / params if mode == "fp32 fsdp2" else None
+            rows.append({"mode": mode, "ranks": n, "peak_gb": rss / 2**30, "state_bytes_per_param": per_param,
+                         "goal": goal, "s": secs})
+            verdict = "" if goal is None else f"  goal <= {goal:.2f}: {'met' if per_param <= goal else 'NOT met'}"
+            print(f"  {mode:11s} N={n}  peak {rss / 2**30:5.2f} GB  {per_param:5.2f} B/param over the floor  "
+                  f"({secs:.0f}s){verdict}", flush=True)
+    for mode in SCALE:
+        one = next(r for r in rows if r["mode"] == mode and r["ranks"] == 1)["state_bytes_per_param"]
+        print(f"  {mode:11s} " + "  ".join(f"N={r['ranks']}: {one / r['state_bytes_per_param']:.2f}x less than N=1"
+                                           for r in rows if r["mode"] == mode and r["ranks"] > 1))
+    return rows
+
+
+def make_spread_batches(root: Path, steps: int) -> tuple[str, float]:
+    """Batches of 8 rows whose lengths spread as a multi-turn rollout's do (3 turns on average, up to 14x
+    apart), and the share of padding in their padded micro-batches at the default --micro-tokens."""
+    from arlctl.io.shards import read_shard, scan
+    from arlctl.rl.batching import plan_micro_batches
+
+    out = root / "spread"
+    table = synthetic_table(steps * 2, group_size=4, seed=1, mean_turns=3, tokens_per_turn=128)
+    rewards = pa.array([float(i % 2) for i in range(table.num_rows)], pa.float32())
+    table = table.set_column(table.schema.get_field_index("reward"), table.schema.field("reward"), rewards)
+    batches, _ = pack_batches(table, np.ones(table.num_rows), FilterConfig(batch_groups=2))
+    for i, batch in enumerate(batches):
+        write_shard(batch, str(out / f"batch-{i:04d}.parquet"), Lineage("filter"))
+    real = padded = 0
+    for url in scan(str(out)).shards:
+        b = read_shard(url)
+        lengths = [p + r for p, r in zip(b.column("prompt_tokens").to_pylist(), b.column("response_tokens").to_pylist(),
+                                         strict=True)]
+        for group in plan_micro_batches(lengths, 8192):
+            real += sum(lengths[i] for i in group)
+            padded += len(group) * max(lengths[i] for i in group)
+    return str(out), 1 - real / padded
+
+
+def packed_vs_padded(root: Path, steps: int, rounds: int) -> dict:
+    """Tokens/s of --pack auto vs --pack off on SmolLM2, interleaved (auto, off, auto, ...)."""
+    policy = model_dir("smollm2", root)
+    batches, pad_share = make_spread_batches(root, steps)
+    print(f"  {pad_share:.0%} of the padded micro-batches' tokens are padding", flush=True)
+    speeds: dict[str, list[float]] = {"auto": [], "off": []}
+    for _ in range(rounds):
+        for pack in speeds:
+            with tempfile.TemporaryDirectory(dir=root) as ckpt:
+                _, _, text = run_measured(train_cmd(batches, policy, Path(ckpt) / "c", ["--strategy", "single", "--pack",
+                                                    pack, "--save-every", "1000", "--micro-tokens", "8192"], 1, steps),
+                                          env_for(1))
+            summary = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
+            assert summary["packing"] == ("packed" if pack == "auto" else "padded (--pack off)"), summary["packing"]
+            speeds[pack].append(float(summary["tokens_per_s"]))
+    med = {k: statistics.median(v) for k, v in speeds.items()}
+    ratio = med["auto"] / med["off"]
+    print(f"  packed {med['auto']:.0f} tokens/s  padded {med['off']:.0f} tokens/s  ratio {ratio:.2f}x "
+          f"(median of {rounds}; goal >= 1.5x where padding >= 40%)", flush=True)
+    return {"pad_share": pad_share, "packed_tokens_per_s": med["auto"], "padded_tokens_per_s": med["off"], "ratio": ratio}
+
+
 def env_for(ranks: int) -> dict[str, str]:
     threads = str(max(1, (os.cpu_count() or 2) // ranks))
     return {**os.environ, "OMP_NUM_THREADS": threads, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
@@ -185,7 +280,10 @@ def publish_latency(root: Path, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2", help="comma-separated: smollm2, 0.5b")
-    ap.add_argument("--parts", default="memory,throughput,publish")
+    ap.add_argument("--parts", default="memory,throughput,publish,scale,pack",
+                    help="memory, throughput, publish, scale (per-rank bytes/param at --ranks), pack (packed vs padded)")
+    ap.add_argument("--ranks", default="1,2,4", help="world sizes of the scale part")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the pack part")
     ap.add_argument("--steps", type=int, default=3, help="steps for the tokens/s comparison")
     ap.add_argument("--repeats", type=int, default=3, help="saves per kind for the publish latency")
     ap.add_argument("--tokens-per-turn", type=int, default=24)
@@ -206,6 +304,12 @@ def main() -> None:
     if "publish" in parts:
         print("publish latency, SmolLM2-135M:")
         result["publish"] = publish_latency(root, args.repeats)
+    if "scale" in parts:
+        print("per-rank state, SmolLM2-135M (one step + its checkpoint, bytes/param over the library floor):")
+        result["scale"] = scale(root, batches, [int(n) for n in args.ranks.split(",")])
+    if "pack" in parts:
+        print("packed vs padded micro-batches, SmolLM2-135M, multi-turn length spread:")
+        result["pack"] = packed_vs_padded(root, args.steps, args.rounds)
     if args.json:
         print(json.dumps(result, indent=1))
 

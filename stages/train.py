@@ -335,7 +335,7 @@ def train_step(model: Any, ref_model: Any | None, optimizer: Any, scheduler: Any
     lr = optimizer.param_groups[0]["lr"]
     d = trainer.d if trainer is not None else dd.Dist()
     lm = trainer.lm if trainer is not None else getattr(dd.unwrap(model), "lm", model)
-    packed = trainer.packed if trainer is not None else _bare_packing(lm, cfg)
+    packed = trainer.decide_packing() if trainer is not None else _bare_packing(lm, cfg)
 
     # 1. Leave out rows no step may read; the rule is counted, never silent. Every rank reads the whole
     #    batch and drops the same rows.
@@ -438,6 +438,7 @@ def train(in_url: str, policy: str | None, ckpt_dir: str, cfg: TrainConfig, metr
     """
     cfg.check()
     d = dd.init_dist(cfg.device)
+    cfg = cfg.for_device(d.device)  # --precision auto: bf16 on CUDA, fp32 on CPU
     torch.manual_seed(cfg.seed)
 
     # 1. Where do we start? Rank 0 reads the ledger; every rank gets its answer. The trainer kept in memory

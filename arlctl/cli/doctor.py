@@ -9,7 +9,7 @@ from arlctl.cli.common import console, handle_errors, print_json
 from arlctl.doctor import DEFAULT_MIN_FREE_GB
 from arlctl.render import plain
 
-HELP = """Check this host before a run: bwrap starts a sandbox, the sandbox interpreter (the host's python3 the SWE grader runs inside bwrap) imports pytest, cgroup limits work, the default model is converted, and the run directory has free disk. With --sandbox docker: the engine answers and the base image is there; with --backend vllm: vLLM imports. Checks not asked for are shown as skipped. Each failed check prints the command that fixes it. Exit 0 when every required check passes, 1 otherwise (warnings, such as no cgroup or a model not converted yet, do not fail).
+HELP = """Check this host before a run: bwrap starts a sandbox, the sandbox interpreter (the host's python3 the SWE grader runs inside bwrap) imports pytest, cgroup limits work, the default model is converted, and the run directory has free disk. With --sandbox docker: the engine answers and the base image is there; with --backend vllm: vLLM imports. The train line reports the device `arlctl train` gets, the CUDA and NCCL versions and the fast paths it will use (bf16, packed attention, flash-attn, Liger, torch.compile). Checks not asked for are shown as skipped. Each failed check prints the command that fixes it. Exit 0 when every required check passes, 1 otherwise (warnings, such as no cgroup or a model not converted yet, do not fail).
 
   arlctl doctor
 
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
                                           help="Fail the disk check under this many GB free."),
         image: str = typer.Option(None, "--image", help="docker: the sandbox image [default: the base image]."),
         check: list[str] = typer.Option([], "--check", help="Run only this check (repeatable): bwrap, pytest, "
-                                        "cgroups, docker, docker-image, vllm, model, disk."),
+                                        "cgroups, docker, docker-image, vllm, model, disk, train."),
         as_json: bool = typer.Option(False, "--json", help="The checks as a JSON list on stdout."),
     ) -> None:
         from arlctl.doctor import DoctorOptions, failed, run_checks

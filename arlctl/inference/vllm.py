@@ -82,11 +82,22 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def engine_defaults(on_cpu: bool, dtype: str = "auto", enforce_eager: bool | None = None) -> dict[str, Any]:
+    """The engine's dtype and CUDA-graph settings (--backend-opt dtype=..., enforce_eager=...).
+
+    dtype auto: float32 on CPU, where the trainer runs fp32 and rollouts are token-exact against it; the
+    checkpoint's own dtype (vLLM's auto: bf16 for today's models) on a GPU. enforce_eager unset: eager on CPU,
+    CUDA graphs on a GPU. gpu_memory_utilization and the rest of vLLM's engine arguments pass through as
+    --backend-opt KEY=VALUE."""
+    return {"dtype": ("float32" if on_cpu else "auto") if dtype == "auto" else dtype,
+            "enforce_eager": on_cpu if enforce_eager is None else enforce_eager}
+
+
 class VLLMPolicy:
     """A Policy backed by an in-process vLLM AsyncLLM engine."""
 
-    def __init__(self, path: str | Path, *, name: str | None = None, version: int = 0, dtype: str = "float32",
-                 max_num_seqs: int = 64, max_model_len: int | None = None, enforce_eager: bool = True,
+    def __init__(self, path: str | Path, *, name: str | None = None, version: int = 0, dtype: str = "auto",
+                 max_num_seqs: int = 64, max_model_len: int | None = None, enforce_eager: bool | None = None,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, seed: int = 0,
                  **engine_kwargs: Any):
         logs_to_stderr()
@@ -104,8 +115,8 @@ class VLLMPolicy:
         self.version = version
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         args = AsyncEngineArgs(
-            model=self.path, tokenizer=self.path, dtype=dtype, max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len, enforce_eager=enforce_eager,
+            model=self.path, tokenizer=self.path, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            **engine_defaults(_on_cpu(), dtype, enforce_eager),
             enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
             seed=seed, worker_extension_cls=WORKER_EXTENSION, **engine_kwargs,
         )

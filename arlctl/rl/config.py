@@ -15,7 +15,7 @@ from arlctl.errors import UsageError
 from arlctl.settings import setting
 
 LR_SCHEDULES = ("constant", "cosine")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16")
 STRATEGIES = ("auto", "fsdp2", "ddp", "single")
 PUBLISH_DTYPES = ("fp32", "bf16")
 PUBLISH_FORMATS = ("merged", "adapter")
@@ -84,8 +84,9 @@ class TrainConfig:
                                 "each row, no padding (arlctl/rl/packing.py). auto: packed where the model proves "
                                 "it packs before the first step, padded otherwise (said in the log); on: refuse a "
                                 "model that does not.")
-    precision: str = setting("fp32", "fp32 | bf16: bf16 weights and compute with fp32 master weights and optimizer "
-                                     "state (FSDP2: MixedPrecisionPolicy, fp32 gradient reduction).")
+    precision: str = setting("auto", "auto | fp32 | bf16. bf16: bf16 weights and compute with fp32 master weights and "
+                                     "optimizer state (FSDP2: MixedPrecisionPolicy, fp32 gradient reduction). auto: "
+                                     "bf16 on a CUDA device that has it, fp32 on CPU.")
     strategy: str = setting("auto", "auto | fsdp2 | ddp | single. auto: fsdp2 under torchrun with more than one "
                                     "rank, else single.")
     offload: bool = setting(False, "FSDP2: keep parameters, gradients and optimizer state in CPU memory.")
@@ -121,6 +122,18 @@ class TrainConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def for_device(self, device: Any) -> TrainConfig:
+        """This config with `auto` settings made concrete for `device` (a torch.device): --precision auto is
+        bf16 on a CUDA device with bf16 support, fp32 anywhere else."""
+        import dataclasses
+
+        if self.precision != "auto":
+            return self
+        import torch
+
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return dataclasses.replace(self, precision="bf16" if bf16 else "fp32")
 
     def check(self) -> None:
         from arlctl.rl.losses import LOSS_AGG_FOR, LOSS_AGG_MODES, LOSS_KINDS  # torch: import late

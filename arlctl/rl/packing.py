@@ -180,6 +180,16 @@ def probe_columns(vocab: int, first: int) -> dict[str, list]:
             "response_logprobs": [[0.0] * len(r) for r in responses], "advantage": [0.0, 0.0], "weight": [1.0, 1.0]}
 
 
+def _reshard(module: Any) -> None:
+    """FSDP2 keeps a root's gathered parameters after a forward, for the backward that follows; the probe
+    has none, so give them back (a no-op for any other module)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def check_packing(module: Any, device: torch.device, tol: float) -> str | None:
     """Prove that the trainer's scoring module packs, on its own weights; returns why not, or None.
 
@@ -200,6 +210,7 @@ def check_packing(module: Any, device: torch.device, tol: float) -> str | None:
             padded = module(collate(cols, [0, 1]).to(device))[0]
     finally:
         module.train(training)
+        _reshard(module)
     if not torch.equal(packed[1], neighbour[1]):
         return "a row's log-probs change with the row packed beside it: attention crosses rows"
     gap = float((packed - padded).abs().max())

@@ -93,8 +93,8 @@ class TrainerState:
     last_full: int = 0  # step of the newest full checkpoint
     teacher: Any = None  # None | a frozen module | an engine scorer (--teacher: on-policy distillation)
     ledger: Any = None  # the run's BadValueLedger (stages/train.py), carried between --watch cycles
-    packed: bool = False  # micro-batches run packed (--pack, decided by `_decide_packing`)
-    packing: str = "padded"  # what was decided, and why when padded
+    packed: bool | None = None  # micro-batches run packed (--pack), decided before the first step (`decide_packing`)
+    packing: str = "undecided"  # what was decided, and why when padded
 
     @property
     def lora(self) -> bool:
@@ -116,6 +116,7 @@ class TrainerState:
     def open(cls, ckpt_dir: str, resume_ckpt: Any, state: dict[str, Any], initial_policy: Path, cfg: TrainConfig,
              d: dd.Dist) -> TrainerState:
         """Build the model, optimizer and schedule on this rank; restore them from `resume_ckpt` when given."""
+        cfg = cfg.for_device(d.device)
         strategy = dd.resolve_strategy(cfg.strategy, d.world)
         if cfg.offload and strategy != "fsdp2":
             raise UsageError("--offload needs --strategy fsdp2 (or auto on more than one rank)")
@@ -158,17 +159,21 @@ class TrainerState:
         trainer._refuse_nonfinite_start(resume_ckpt or initial_policy)
         trainer.ref = trainer._reference()
         trainer.teacher = trainer._teacher()
-        trainer._decide_packing()
         return trainer
 
-    def _decide_packing(self) -> None:
-        """--pack: switch every local model to packed attention and prove on its own weights that it packs
-        (packing.check_packing); auto falls back to padded micro-batches with the reason, on refuses."""
+    def decide_packing(self) -> bool:
+        """--pack, once, before the first step: switch every local model to packed attention and prove on its
+        own weights that it packs (packing.check_packing); auto falls back to padded micro-batches with the
+        reason, on refuses. Run at the first step rather than at open, so that its forward (a collective under
+        FSDP2) gathers nothing the step would not."""
         from arlctl.rl import packing
 
+        if self.packed is not None:
+            return self.packed
+        self.packed = False
         if self.cfg.pack == "off":
             self.packing = "padded (--pack off)"
-            return
+            return False
         models = [("policy", self.module)] + [(name, m) for name, m in (("reference", self.ref),
                                                                         ("teacher", self.teacher))
                                               if isinstance(m, nn.Module)]
@@ -181,8 +186,9 @@ class TrainerState:
                 if self.cfg.pack == "on":
                     raise UsageError(f"--pack on: the {name} model cannot pack: {why}", hint="--pack auto or off")
                 self.packing = f"padded: the {name} model cannot pack ({why})"
-                return
+                return False
         self.packed, self.packing = True, "packed"
+        return True
 
     def _load_shards(self, directory: Path) -> None:
         import torch.distributed.checkpoint as dcp

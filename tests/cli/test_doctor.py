@@ -210,3 +210,21 @@ def test_stage_checks_preflight_the_code_graders_sandbox():
     assert stage_checks("code", None, grading=True) == ["bwrap"]  # every grade runs in a fresh bwrap sandbox
     assert stage_checks("code", "docker", grading=True) == []
     assert stage_checks("code", None) == []  # a single-turn rollout runs no sandbox
+
+
+def test_the_train_line_reports_this_hosts_device_and_fast_paths():
+    import torch
+
+    from arlctl.doctor import train_paths
+
+    code, checks = doctor_json("--check", "train")
+    assert code == 0 and checks["train"]["status"] == "ok"
+    paths = train_paths()
+    assert paths["torch"] == torch.__version__ and paths["gpus"] == torch.cuda.device_count()
+    if torch.cuda.is_available():  # a lent GPU machine: NCCL, bf16 and the CUDA version are reported
+        assert paths["backend"] == "nccl" and paths["cuda"] == torch.version.cuda
+        assert f"NCCL {paths['nccl']}" in checks["train"]["detail"]
+    else:  # this CPU: gloo, fp32 and SDPA per packed row (packing.ROWS), nothing CUDA-only claimed
+        assert (paths["backend"], paths["precision"], paths["attention"], paths["cuda"]) == (
+            "gloo", "fp32", "arlctl_rows", None)
+        assert "no CUDA" in checks["train"]["detail"] and "packed attention arlctl_rows" in checks["train"]["detail"]
