@@ -11,9 +11,10 @@ per-rank state at 1, 2 and 4 ranks, packed vs padded micro-batches.
 2. Tokens/s of 2 ranks (FSDP2, gloo, one thread each) vs 1 process (two threads) on the same batches.
 3. Publish latency: a weights-only checkpoint (HF safetensors for sync) vs a full one (plus the optimizer
    and model as DCP shards), the same trainer state, on local disk.
-4. Scale: per-rank bytes/param over the library floor (a process importing what a rank imports) at N = 1,
-   2, 4 for fp32 FSDP2, bf16 FSDP2 and LoRA r16 (N = 1: one process), against the goal for fp32 FSDP2 of
-   1.15 x 16/N B/param plus the fp32 export buffer of the largest tensor.
+4. Scale: per-rank bytes/param at N = 1, 2, 4 for fp32 FSDP2, bf16 FSDP2 and LoRA r16 (N = 1: one
+   process), from benchmarks/scale_worker.py: what a rank holds after two packed steps (its RSS over its
+   RSS before the trainer), and its peaks in the steps and in the checkpoint save, against the goal for
+   fp32 FSDP2 of 1.15 x 16/N B/param plus the fp32 export buffer of the largest tensor.
 5. Pack: tokens/s of --pack auto vs --pack off on batches of 8 rows with a multi-turn rollout's length
    spread, with the share of padding the padded micro-batches carry.
 
@@ -62,8 +63,8 @@ MODES = {  # name: (extra train flags, ranks)
     "fp32 fsdp2 x2": (["--strategy", "fsdp2"], 2),  # not in the default set: the bf16 one is the recipe
 }
 # The `scale` part (issue 29): per-rank state at N = 1, 2, 4 for each of these, N = 1 being one process.
-SCALE = {"fp32 fsdp2": ["--precision", "fp32"], "bf16 fsdp2": ["--precision", "bf16"],
-         "lora r16": ["--precision", "fp32", "--lora-rank", "16"]}
+SCALE = {"fp32 fsdp2": {"precision": "fp32"}, "bf16 fsdp2": {"precision": "bf16"},
+         "lora r16": {"precision": "fp32", "lora_rank": 16}}
 MEMORY_MICRO_TOKENS = 128
 DEFAULT_MODES = "fp32 single,bf16 single,bf16 fsdp2 x2,lora r16"
 
@@ -146,42 +147,40 @@ def memory(models: list[str], root: Path, batches: str, modes: list[str]) -> lis
     return rows
 
 
-def library_floor() -> float:
-    """Peak RSS of a process that imports what a rank imports and loads no weight: what any rank holds
-    before the model (torch, transformers, arlctl)."""
-    imports = "import torch, transformers, arlctl.stages.train, arlctl.cli.main"
-    return run_measured([sys.executable, "-c", imports], env_for(1))[0]
-
-
-def scale(root: Path, batches: str, ranks: list[int]) -> list[dict]:
-    """Per-rank bytes/param over the library floor, one step + its checkpoint, at each world size."""
+def scale(root: Path, ranks: list[int]) -> list[dict]:
+    """Per-rank bytes/param at each world size, from benchmarks/scale_worker.py: each rank's RSS after two
+    packed steps over its RSS before the trainer (what it holds: the state), and its peak in the steps and in
+    the checkpoint save (the transients: FSDP2's gathered layers and root, the export's one tensor)."""
     from safetensors import safe_open
 
     policy = model_dir("smollm2", root)
     params = n_params(policy)
     with safe_open(str(policy / "model.safetensors"), framework="pt") as fh:
         largest = max(int(np.prod(fh.get_slice(k).get_shape())) for k in fh.keys())  # noqa: SIM118
-    floor = library_floor()
-    print(f"  library floor {floor / 2**30:.2f} GB; {params:,} params; largest tensor {largest:,} "
-          f"(its fp32 export buffer {4 * largest / params:.2f} B/param)", flush=True)
+    print(f"  {params:,} params; largest tensor {largest:,} (its fp32 export buffer {4 * largest / params:.2f} "
+          "B/param); B/param of the busiest rank", flush=True)
+    worker = str(Path(__file__).with_name("scale_worker.py"))
     rows = []
-    for mode, flags in SCALE.items():
+    for mode, settings in SCALE.items():
         for n in ranks:
-            strategy = ["--strategy", "single" if n == 1 else "fsdp2"]
+            cfg = {**settings, "strategy": "single" if n == 1 else "fsdp2"}
             with tempfile.TemporaryDirectory(dir=root) as out:
-                rss, secs, _ = run_measured(train_cmd(batches, policy, Path(out) / "ckpt", strategy + flags, n, 1,
-                                                      micro_tokens=MEMORY_MICRO_TOKENS), env_for(n))
-            per_param = (rss - floor) / params
+                launch = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                           f"--nproc-per-node={n}"]
+                _, secs, text = run_measured([*launch, worker, str(policy), out, json.dumps(cfg)], env_for(n))
+            reports = [json.loads(line) for line in text.splitlines() if line.startswith('{"rank"')]
+            assert len(reports) == n and all(r["packed"] for r in reports), text[-2000:]
+            held, step_peak, save_peak = (max(r[k] for r in reports) / params for k in ("held", "step_peak", "save_peak"))
             goal = 1.15 * 16 / n + 4 * largest / params if mode == "fp32 fsdp2" else None
-            rows.append({"mode": mode, "ranks": n, "peak_gb": rss / 2**30, "state_bytes_per_param": per_param,
+            rows.append({"mode": mode, "ranks": n, "held": held, "step_peak": step_peak, "save_peak": save_peak,
                          "goal": goal, "s": secs})
-            verdict = "" if goal is None else f"  goal <= {goal:.2f}: {'met' if per_param <= goal else 'NOT met'}"
-            print(f"  {mode:11s} N={n}  peak {rss / 2**30:5.2f} GB  {per_param:5.2f} B/param over the floor  "
+            verdict = "" if goal is None else f"  goal <= {goal:.2f}: {'met' if held <= goal else 'NOT met'}"
+            print(f"  {mode:11s} N={n}  held {held:5.2f}  step peak {step_peak:5.2f}  save peak {save_peak:5.2f}  "
                   f"({secs:.0f}s){verdict}", flush=True)
     for mode in SCALE:
-        one = next(r for r in rows if r["mode"] == mode and r["ranks"] == 1)["state_bytes_per_param"]
-        print(f"  {mode:11s} " + "  ".join(f"N={r['ranks']}: {one / r['state_bytes_per_param']:.2f}x less than N=1"
-                                           for r in rows if r["mode"] == mode and r["ranks"] > 1))
+        one = next(r for r in rows if r["mode"] == mode and r["ranks"] == 1)["held"]
+        print(f"  {mode:11s} held: " + "  ".join(f"N={r['ranks']} {one / r['held']:.2f}x less than N=1"
+                                                 for r in rows if r["mode"] == mode and r["ranks"] > 1))
     return rows
 
 
@@ -305,8 +304,8 @@ def main() -> None:
         print("publish latency, SmolLM2-135M:")
         result["publish"] = publish_latency(root, args.repeats)
     if "scale" in parts:
-        print("per-rank state, SmolLM2-135M (one step + its checkpoint, bytes/param over the library floor):")
-        result["scale"] = scale(root, batches, [int(n) for n in args.ranks.split(",")])
+        print("per-rank bytes/param, SmolLM2-135M (two packed steps, then a full checkpoint):")
+        result["scale"] = scale(root, [int(n) for n in args.ranks.split(",")])
     if "pack" in parts:
         print("packed vs padded micro-batches, SmolLM2-135M, multi-turn length spread:")
         result["pack"] = packed_vs_padded(root, args.steps, args.rounds)

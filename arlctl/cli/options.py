@@ -48,7 +48,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Daemon": ("watch", "poll", "lock_wait", "worker", "max_epochs", "max_pending", "max_staleness", "max_lag",
                "lag_decay", "resume", "nproc"),
     "Optimizer and checkpoints": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cosine_steps", "grad_clip",
-                                  "micro_tokens", "precision", "strategy", "offload", "grad_checkpoint",
+                                  "micro_tokens", "pack", "precision", "strategy", "offload", "grad_checkpoint", "compile",
                                   "lora_rank", "lora_alpha", "lora_targets", "publish_every", "publish_dtype",
                                   "publish_format", "save_every", "keep_checkpoints", "max_steps"),
 }

@@ -91,6 +91,8 @@ class TrainConfig:
                                     "rank, else single.")
     offload: bool = setting(False, "FSDP2: keep parameters, gradients and optimizer state in CPU memory.")
     grad_checkpoint: bool = setting(False, "Activation checkpointing: recompute each decoder layer in backward.")
+    compile: bool = setting(False, "torch.compile each decoder layer (dynamic shapes; the packed attention runs "
+                                   "eager between compiled parts). The first steps pay the compile.")
     publish_every: int = setting(0, "Every N steps write weights only (an HF directory `sync` publishes, no "
                                     "optimizer state); full checkpoints only every --save-every steps and at the "
                                     "end. 0: every checkpoint is full.")

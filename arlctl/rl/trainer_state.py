@@ -117,6 +117,8 @@ class TrainerState:
              d: dd.Dist) -> TrainerState:
         """Build the model, optimizer and schedule on this rank; restore them from `resume_ckpt` when given."""
         cfg = cfg.for_device(d.device)
+        if d.device.type == "cpu":
+            dd.fixed_mmap_threshold()  # freed tensors go back to the system, not into a growing heap
         strategy = dd.resolve_strategy(cfg.strategy, d.world)
         if cfg.offload and strategy != "fsdp2":
             raise UsageError("--offload needs --strategy fsdp2 (or auto on more than one rank)")
@@ -137,6 +139,9 @@ class TrainerState:
                 lm = apply_lora(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_list())
             if cfg.grad_checkpoint:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if cfg.compile:
+                for layer in dd.decoder_layers(lm):
+                    layer.compile(dynamic=True)  # in place: FSDP2 then shards the same module
             master = dd.ScoringModel(lm, value_head=cfg.value_coef > 0)
             if not cfg.offload and not by_shard:
                 master = master.to(d.device)
@@ -177,11 +182,10 @@ class TrainerState:
         models = [("policy", self.module)] + [(name, m) for name, m in (("reference", self.ref),
                                                                         ("teacher", self.teacher))
                                               if isinstance(m, nn.Module)]
-        tol = packing.PROBE_TOL[self.cfg.precision]
         for name, module in models:
             why = packing.use_rows_attention(dd.unwrap(module).lm, self.d.device)
             if why is None:
-                why = packing.check_packing(module, self.d.device, tol)
+                why = packing.check_packing(module, self.d.device, self.cfg.precision)
             if why is not None:
                 if self.cfg.pack == "on":
                     raise UsageError(f"--pack on: the {name} model cannot pack: {why}", hint="--pack auto or off")

@@ -1,7 +1,9 @@
 """Run under torchrun by test_sharded_load.py: build the trainer (and its KL reference) on every rank and
 report what loading cost this rank: the bytes it read from the weight files (sharded_load.LOAD_STATS), the
 growth of its peak RSS over the RSS just before, and whether every local shard equals that slice of the
-file's tensor (checked only with --check, reading whole tensors after the measurement)."""
+file's tensor (checked only with --check, reading whole tensors after the measurement). With --step, one
+packed training step follows (a batch of two short rows, so that the state, not the activations, sets the
+peak) and the peak RSS after it is reported too."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report = {"rank": d.rank, "world": d.world, "strategy": trainer.strategy, **LOAD_STATS,
               "rss_before": before, "peak_before": peak_before, "peak": peak, "reference": trainer.ref is not None}
+    if "--step" in sys.argv:
+        report.update(one_step(trainer))
     if check:
         from safetensors.torch import load_file
 
@@ -55,6 +59,21 @@ def main() -> None:
     sys.stdout.flush()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def one_step(trainer: TrainerState) -> dict:
+    import pyarrow as pa
+
+    from arlctl.stages.train import train_step
+    from arlctl.synthetic import synthetic_table
+
+    batch = synthetic_table(1, group_size=2, seed=0, mean_turns=1, tokens_per_turn=8)
+    batch = batch.set_column(batch.schema.get_field_index("advantage"), batch.schema.field("advantage"),
+                             pa.array([1.0, -1.0], batch.schema.field("advantage").type))
+    metrics = train_step(trainer.module, trainer.ref, trainer.optimizer, trainer.scheduler, batch, trainer.cfg,
+                         version=0, trainer=trainer)
+    return {"step_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "packed": metrics["packed"],
+            "skipped": metrics["skipped_nonfinite"]}
 
 
 if __name__ == "__main__":
