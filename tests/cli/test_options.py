@@ -171,7 +171,8 @@ def test_train_stops_at_a_step_boundary_with_the_step_saved(tmp_path):
     assert len(state["consumed_batches"]) == 1
     again = stage.run(TrainConfig(lr=1e-4), io, threading.Event())
     assert again.steps == 2 and again.resumed_from == 1
+    assert again.packing == "packed"  # --pack auto on the tiny Llama
     assert set(again.to_json()) == {"steps", "step", "batches", "checkpoint", "resumed_from", "skipped_nonfinite",
                                     "rows_dropped_invalid", "bad_value_events", "save_s", "loss_mean",
                                     "reward_mean", "tokens_per_s", "rows_dropped_stale", "rows_decayed_stale", "world_size",
-                                    "skipped_stale", "mean_lag", "max_lag"}
+                                    "skipped_stale", "mean_lag", "max_lag", "packing"}

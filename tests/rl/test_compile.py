@@ -17,8 +17,13 @@ def test_compiled_layers_train_to_the_eager_weights(tmp_path):
     model = small_init_model(tmp_path)
     batches = make_uneven_batches(tmp_path, model, n_batches=2)
     settings = dict(device="cpu", lr=3e-4, kl_coef=0.05, micro_tokens=160)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     eager = train(batches, str(model), str(tmp_path / "eager"), TrainConfig(**settings))
+    assert not counters["stats"]["unique_graphs"]  # nothing compiled without --compile
     compiled = train(batches, str(model), str(tmp_path / "compiled"), TrainConfig(compile=True, **settings))
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])  # dynamo traced the layers
     assert eager["steps"] == compiled["steps"] == 2 and compiled["packing"] == "packed"
     gap = max_diff(weights(latest_checkpoint(tmp_path / "eager")[1]),
                    weights(latest_checkpoint(tmp_path / "compiled")[1]))
