@@ -14,8 +14,8 @@ with transformers' own mask, so one model serves both paths. On CUDA with flash-
 trainer chooses `flash_attention_2` instead, whose varlen kernel reads the same boundaries.
 
 Whether a model packs is not assumed from its class: `check_packing` proves it on the model's own
-weights before the first step (a row's log-probs are bit-identical whatever its neighbour holds, and equal
-the padded path's). Sliding-window attention and soft-capped logits are refused up front: a probe too
+weights before the first step (a row's log-probs are bit-identical whatever its neighbour holds, agree
+wherever in the sequence it is packed, and in fp32 equal the padded path's). Sliding-window attention and soft-capped logits are refused up front: a probe too
 short to reach the window could not tell.
 
 The loss never sees the packing: `score_tokens` gathers the trained positions of the packed sequence and
