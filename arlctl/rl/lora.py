@@ -28,11 +28,13 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from arlctl.errors import UsageError
+from arlctl.rl.streamed_export import LoraMerged
 
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the HF model
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")  # with or without ".default"
@@ -54,6 +56,34 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: list[str]) ->
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none",
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)
+
+
+def init_adapters(model: nn.Module, seed: int) -> int:
+    """Draw every adapter's A again (kaiming uniform, peft's init) from a generator seeded with `seed`, in
+    name order, and zero every B; returns how many adapters. An adapter on the meta device (peft made it
+    beside a base built there for sharded loading) becomes a real CPU tensor first, so a sharded run starts
+    from the very adapters one process draws, whatever else consumed the global RNG."""
+    import math
+
+    generator = torch.Generator().manual_seed(seed)
+    count = 0
+    for name, module in sorted(model.named_modules(), key=lambda item: item[0]):
+        for attr in ("lora_A", "lora_B"):
+            holder = getattr(module, attr, None)
+            if not isinstance(holder, nn.ModuleDict) or name.endswith((".lora_A", ".lora_B")):
+                continue
+            for adapter in holder.values():
+                weight = adapter.weight
+                if weight.device.type == "meta":
+                    weight = nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype), requires_grad=weight.requires_grad)
+                    adapter.weight = weight
+                with torch.no_grad():
+                    if attr == "lora_A":
+                        nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
+                        count += 1
+                    else:
+                        weight.zero_()
+    return count
 
 
 def _check_targets(model: nn.Module, targets: list[str]) -> None:
@@ -101,9 +131,16 @@ def merged_state_dict(state_dict: dict[str, torch.Tensor], alpha: float, rank: i
     The sum is computed in fp32 and returned in W's dtype. Every other tensor is passed through renamed
     (both embed_tokens and lm_head when the input has both, as a tied model's state_dict() does).
     """
+    return {name: (t.whole() if isinstance(t, LoraMerged) else t)
+            for name, t in merged_items(state_dict, alpha, rank).items()}
+
+
+def merged_items(state_dict: dict[str, Any], alpha: float, rank: int) -> dict[str, Any]:
+    """merged_state_dict's names, with each adapted weight a LoraMerged still to be summed: what the streamed
+    export writes (one weight gathered and merged at a time), from a sharded or a whole state dict."""
     scale = alpha / rank
     lora = _lora_pairs(state_dict)
-    merged: dict[str, torch.Tensor] = {}
+    merged: dict[str, Any] = {}
     for key, tensor in state_dict.items():
         if _LORA_KEY.match(key):
             continue
@@ -113,15 +150,14 @@ def merged_state_dict(state_dict: dict[str, torch.Tensor], alpha: float, rank: i
             name = f"{module}.{param}"
             if param == "weight" and PEFT_PREFIX + module in lora:
                 a, b = lora.pop(PEFT_PREFIX + module)
-                delta = b.float() @ a.float()  # [out, rank] @ [rank, in] -> [out, in]
-                tensor = (tensor.float() + scale * delta).to(tensor.dtype)
+                tensor = LoraMerged(tensor, a, b, scale)
         merged[name] = tensor
     if lora:
         raise ValueError(f"LoRA tensors without a base weight: {sorted(lora)[:3]}")
     return merged
 
 
-def _lora_pairs(state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _lora_pairs(state_dict: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{module key: (A, B)} of every LoRA module in a state dict."""
     found: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state_dict.items():
@@ -133,7 +169,7 @@ def _lora_pairs(state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Te
     return {module: (ab["A"], ab["B"]) for module, ab in found.items()}
 
 
-def adapter_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def adapter_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     """Only the LoRA tensors, named as peft's save_pretrained names them in adapter_model.safetensors
     (`base_model.model.<module>.lora_A.weight`: the adapter name dropped). Idempotent."""
     adapter = {}
@@ -145,8 +181,8 @@ def adapter_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
     return adapter
 
 
-def write_adapter_dir(directory: Path, state_dict: dict[str, torch.Tensor], base_model_path: str, rank: int,
-                      alpha: float, targets: list[str]) -> None:
+def write_adapter_dir(directory: Path, state_dict: dict[str, torch.Tensor] | None, base_model_path: str, rank: int,
+                      alpha: float, targets: list[str], weights_file: Path | None = None) -> None:
     """Write adapter_config.json and adapter_model.safetensors, as peft's save_pretrained does, from a full
     peft state dict (or its `adapter_state_dict`). `base_model_path` is recorded for loaders that follow it.
 
@@ -157,12 +193,17 @@ def write_adapter_dir(directory: Path, state_dict: dict[str, torch.Tensor], base
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in adapter_state_dict(state_dict).items()}
-    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    if weights_file is not None:  # adapter_state_dict's tensors, streamed into it already
+        import shutil
+
+        shutil.move(str(weights_file), str(directory / "adapter_model.safetensors"))
+    else:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in adapter_state_dict(state_dict).items()}
+        save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none",
                         task_type="CAUSAL_LM", base_model_name_or_path=base_model_path, inference_mode=True)
     config.save_pretrained(str(directory))  # adapter_config.json, the file peft's save_pretrained writes
 
 
-__all__ = ["PEFT_PREFIX", "adapter_state_dict", "apply_lora", "is_lora", "merged_state_dict",
+__all__ = ["PEFT_PREFIX", "adapter_state_dict", "apply_lora", "init_adapters", "is_lora", "merged_items", "merged_state_dict",
            "reference_scope", "write_adapter_dir"]

