@@ -112,6 +112,40 @@ class WeightFile:
         return count
 
 
+def nonfinite_share(directory: Path, rank: int, world: int, chunk_bytes: int = 64 << 20) -> tuple[str, str] | None:
+    """(name, what is wrong) of the first floating-point tensor in `directory`'s *.safetensors holding NaN
+    or inf in this rank's share of its rows (dim 0 split evenly over `world` ranks), else None. Read by
+    byte range, at most `chunk_bytes` of rows at a time: together the ranks check every value once, and
+    none ever holds a whole tensor."""
+    for path in sorted(directory.glob("*.safetensors")):
+        fh = WeightFile(path)
+        try:
+            for name, info in fh.tensors.items():
+                dtype = _DTYPES.get(info["dtype"])
+                if dtype is None or not dtype.is_floating_point:
+                    continue
+                shape = list(info["shape"]) or [1]
+                rows = shape[0]
+                lo, hi = rows * rank // world, rows * (rank + 1) // world
+                row_bytes = max(1, torch.Size(shape[1:]).numel() * torch.empty((), dtype=dtype).element_size())
+                step = max(1, chunk_bytes // row_bytes)
+                nan = inf = 0
+                for start in range(lo, hi, step):
+                    stop = min(hi, start + step)
+                    box = (slice(start, stop), *(slice(0, n) for n in shape[1:]))  # a scalar: its one "row"
+                    part = torch.empty((stop - start, *shape[1:]), dtype=dtype)
+                    fh.read(name, box, part)
+                    bad = ~torch.isfinite(part)
+                    if bool(bad.any()):
+                        n_nan = int(torch.isnan(part).sum())
+                        nan, inf = nan + n_nan, inf + int(bad.sum()) - n_nan
+                if nan or inf:
+                    return name, f"{nan} NaN and {inf} inf in its rows {lo}..{hi - 1}"
+        finally:
+            fh.close()
+    return None
+
+
 def file_key(name: str) -> str:
     """The weights file's name of a model's parameter: a peft LoRA model's base layers are the HF model's own
     (base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> model.layers.0.self_attn.q_proj.weight)."""
@@ -184,4 +218,4 @@ def load_shards(module: nn.Module, model_dir: Path, device: torch.device, prefix
     return stats
 
 
-__all__ = ["LOAD_STATS", "WeightFile", "file_key", "load_shards", "meta_parameters"]
+__all__ = ["LOAD_STATS", "WeightFile", "file_key", "nonfinite_share", "load_shards", "meta_parameters"]

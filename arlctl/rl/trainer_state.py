@@ -156,7 +156,7 @@ class TrainerState:
                           step=int(state.get("step", 0)), consumed=list(state.get("consumed_batches", [])),
                           state=state, last_full=int(state.get("step", 0)))
             if resume_from is not None:
-                _refuse_nonfinite_files(resume_from, resume_ckpt)
+                _refuse_nonfinite_files(resume_from, resume_ckpt, d)
                 if sharded:
                     trainer._load_shards(resume_from)
                 else:
@@ -514,16 +514,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _refuse_nonfinite_files(directory: Path, source: Any) -> None:
-    """A checkpoint whose published weights hold NaN/inf is corrupt, whatever its shards say: refuse it."""
-    from safetensors import safe_open
+def _refuse_nonfinite_files(directory: Path, source: Any, d: dd.Dist) -> None:
+    """A checkpoint whose published weights hold NaN/inf is corrupt, whatever its shards say: refuse it.
+    Each rank checks its share of every tensor's rows, by byte range (no rank reads a whole tensor)."""
+    from arlctl.rl.sharded_load import nonfinite_share
 
-    for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as fh:
-            bad = ckpt.first_nonfinite((name, fh.get_tensor(name)) for name in fh.keys())  # noqa: SIM118
-        if bad is not None:
-            raise TerminalError(f"cannot train from {source}: weight {bad[0]} holds {bad[1]}",
-                                hint="move this checkpoint aside to resume from the one before it")
+    mine = nonfinite_share(directory, d.rank, d.world)
+    bad = next((b for b in d.gather_objects(mine) if b is not None), None)
+    if bad is not None:
+        raise TerminalError(f"cannot train from {source}: weight {bad[0]} holds {bad[1]}",
+                            hint="move this checkpoint aside to resume from the one before it")
 
 
 def full_checkpoint_state(state: dict[str, Any]) -> bool:
