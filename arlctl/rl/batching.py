@@ -282,11 +282,54 @@ def token_advantages(row_adv: torch.Tensor, prompt_lens: list[int], spans: list[
     return adv[:, 1:]  # [B, L-1]
 
 
+HEAD_CHUNK_BYTES = 256 << 20  # train --head-chunk-mb's default
+
+
+def _head_piece(head: Any, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = head(hidden)  # [n, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())  # [n]
+    return token_logprobs(logits, labels), entropy  # [n] float32
+
+
+def head_logprobs(head: Any, hidden: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                  with_entropy: bool = False, chunk_bytes: int = HEAD_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(labels) under head(hidden) / temperature, and the entropies with `with_entropy`: [N] each.
+
+    Where the fp32 logits [N, V] would pass `chunk_bytes`, the rows go through the head in chunks of about
+    that size, each under activation checkpointing: its logits are dropped after the log-probs are taken
+    and computed again in the backward, so at most one chunk's logits (and their softmax) are alive at a
+    time, for the head's forward run twice: the fused linear + cross-entropy of Liger and others, built of
+    plain torch ops, so it runs on any device. chunk_bytes 0: one piece."""
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else head(hidden[:1]).shape[-1]
+    rows = hidden.shape[0] if chunk_bytes <= 0 else max(1, chunk_bytes // (4 * vocab))
+    if hidden.shape[0] <= rows:
+        return _head_piece(head, hidden, labels, temperature, with_entropy)
+    from torch.utils.checkpoint import checkpoint
+
+    logps, entropies = [], []
+    for start in range(0, hidden.shape[0], rows):
+        h, y = hidden[start : start + rows], labels[start : start + rows]
+        if torch.is_grad_enabled():
+            logp, entropy = checkpoint(_head_piece, head, h, y, temperature, with_entropy, use_reentrant=False)
+        else:
+            logp, entropy = _head_piece(head, h, y, temperature, with_entropy)
+        logps.append(logp)
+        entropies.append(entropy)
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
 def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False, temperature: float = 1.0,
-                 value_head: Any | None = None) -> tuple[torch.Tensor, ...]:
+                 value_head: Any | None = None, head_chunk_bytes: int = HEAD_CHUNK_BYTES) -> tuple[torch.Tensor, ...]:
     """Log-probs (and optionally entropies) of the trained tokens, laid out densely as [B, L-1].
 
-    Positions off the mask hold 0. Only the selected hidden states go through the LM head; `temperature`
+    Positions off the mask hold 0. Only the selected hidden states go through the LM head, in chunks of
+    about `head_chunk_bytes` of logits (head_logprobs); `temperature`
     must be the sampling temperature the behaviour log-probs were recorded at. Models whose head does more
     than a linear map (logit soft-capping) are not supported by this shortcut.
     With a value head (a critic, arlctl/rl/value.py) the values of the same states come third, [B, L-1] float32:
@@ -301,16 +344,12 @@ def score_tokens(model: Any, mb: MicroBatch, with_entropy: bool = False, tempera
         hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state  # [B, L, H]
         selected = hidden[:, :-1][mb.loss_mask]  # [N, H]
         labels = mb.input_ids[:, 1:][mb.loss_mask]  # [N]
-    logits = model.get_output_embeddings()(selected)  # [N, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_flat = token_logprobs(logits, labels)  # [N]
+    logp_flat, ent_flat = head_logprobs(model.get_output_embeddings(), selected, labels, temperature, with_entropy,
+                                        head_chunk_bytes)  # [N], [N] | None
     logp = torch.zeros(mb.loss_mask.shape, dtype=logp_flat.dtype, device=logp_flat.device)  # [B, L-1]
     logp = logp.masked_scatter(mb.loss_mask, logp_flat)  # [B, L-1]
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            ent_flat = entropy_from_logits(logits.detach())  # [N]
         entropy = torch.zeros_like(logp).masked_scatter(mb.loss_mask, ent_flat)  # [B, L-1]
     if value_head is None:
         return logp, entropy

@@ -93,6 +93,10 @@ class TrainConfig:
     grad_checkpoint: bool = setting(False, "Activation checkpointing: recompute each decoder layer in backward.")
     compile: bool = setting(False, "torch.compile each decoder layer (dynamic shapes; the packed attention runs "
                                    "eager between compiled parts). The first steps pay the compile.")
+    head_chunk_mb: int = setting(256, "The LM head's logits of the trained tokens in chunks of about this many MiB "
+                                      "(fp32), each recomputed in the backward, so a long micro-batch never holds "
+                                      "all [tokens x vocabulary] logits at once (a fused linear + log-prob). 0: one "
+                                      "piece.")
     publish_every: int = setting(0, "Every N steps write weights only (an HF directory `sync` publishes, no "
                                     "optimizer state); full checkpoints only every --save-every steps and at the "
                                     "end. 0: every checkpoint is full.")
@@ -159,8 +163,8 @@ class TrainConfig:
                                      ("--publish-format", self.publish_format, PUBLISH_FORMATS)):
             if value not in allowed:
                 raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
-        if self.publish_every < 0 or self.lora_rank < 0:
-            raise UsageError("--publish-every and --lora-rank must be >= 0")
+        if self.publish_every < 0 or self.lora_rank < 0 or self.head_chunk_mb < 0:
+            raise UsageError("--publish-every, --lora-rank and --head-chunk-mb must be >= 0")
         if self.lora_rank and not self.lora_target_list():
             raise UsageError("--lora-targets names no module", hint="e.g. --lora-targets q_proj,v_proj")
         if self.publish_format == "adapter" and not self.lora_rank:

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from arlctl.errors import UsageError
-from arlctl.rl.batching import MicroBatch, score_tokens
+from arlctl.rl.batching import HEAD_CHUNK_BYTES, MicroBatch, score_tokens
 
 # The env torchrun sets for each rank.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -191,9 +191,10 @@ class ScoringModel(nn.Module):
     root and checkpoints hold it beside the policy, and is never part of the published HF weights.
     """
 
-    def __init__(self, lm: nn.Module, value_head: bool = False) -> None:
+    def __init__(self, lm: nn.Module, value_head: bool = False, head_chunk_bytes: int | None = None) -> None:
         super().__init__()
         self.lm = lm
+        self.head_chunk_bytes = HEAD_CHUNK_BYTES if head_chunk_bytes is None else head_chunk_bytes
         self.value_head: nn.Linear | None = None
         if value_head:
             with torch.random.fork_rng(devices=[]):  # the zero init below needs no draw: leave the RNG as it was
@@ -207,7 +208,8 @@ class ScoringModel(nn.Module):
         head = self.value_head if with_values else None
         if with_values and head is None:
             raise ValueError("this model has no value head (train --value-coef)")
-        return score_tokens(self.lm, mb, with_entropy=with_entropy, temperature=temperature, value_head=head)
+        return score_tokens(self.lm, mb, with_entropy=with_entropy, temperature=temperature, value_head=head,
+                            head_chunk_bytes=self.head_chunk_bytes)
 
 
 def has_value_head(module: Any) -> bool:

@@ -142,7 +142,7 @@ class TrainerState:
             if cfg.compile:
                 for layer in dd.decoder_layers(lm):
                     layer.compile(dynamic=True)  # in place: FSDP2 then shards the same module
-            master = dd.ScoringModel(lm, value_head=cfg.value_coef > 0)
+            master = dd.ScoringModel(lm, value_head=cfg.value_coef > 0, head_chunk_bytes=cfg.head_chunk_mb << 20)
             if not cfg.offload and not by_shard:
                 master = master.to(d.device)
             module, master = _apply_strategy(master, strategy, cfg, d)
@@ -271,11 +271,12 @@ class TrainerState:
     def _frozen(self, path: Path) -> Any:
         """A frozen scoring copy of the model at `path`, placed like the trained model (FSDP2: sharded)."""
         if self.strategy == "fsdp2":  # sharded on meta, then each rank reads its shard
-            ref = dd.ScoringModel(load_model(path, meta=True)).requires_grad_(False).eval()
+            ref = dd.ScoringModel(load_model(path, meta=True), head_chunk_bytes=self.cfg.head_chunk_mb << 20)
+            ref = ref.requires_grad_(False).eval()
             ref = dd.wrap(ref, "fsdp2", self.d, self.cfg.precision, self.cfg.offload, frozen=True)
             load_shards(ref, path, torch.device("cpu") if self.cfg.offload else self.d.device)
             return ref
-        ref = dd.ScoringModel(load_model(path)).requires_grad_(False).eval()
+        ref = dd.ScoringModel(load_model(path), head_chunk_bytes=self.cfg.head_chunk_mb << 20).requires_grad_(False).eval()
         if self.cfg.precision == "bf16" and self.strategy == "single":
             ref = ref.to(torch.bfloat16)
         return ref.to(self.d.device)
