@@ -205,13 +205,14 @@ def check_model(opts: DoctorOptions) -> CheckResult:
 
 def train_paths() -> dict[str, Any]:
     """What `arlctl train` would run on this host: the device, the CUDA and NCCL versions, and which fast
-    paths are active (bf16, the packed attention, flash-attn, Liger, torch.compile's compiler)."""
+    paths are active (bf16, the packed attention, flash-attn, the chunked LM head, torch.compile's compiler)."""
     import importlib.util
     import os
     import shutil
 
     import torch
 
+    from arlctl.rl.batching import HEAD_CHUNK_BYTES
     from arlctl.rl.packing import attention_for
 
     cuda = torch.cuda.is_available()
@@ -227,7 +228,7 @@ def train_paths() -> dict[str, Any]:
         "precision": "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32",
         "attention": attention_for(device),
         "flash_attn": importlib.util.find_spec("flash_attn") is not None,
-        "liger_kernel": importlib.util.find_spec("liger_kernel") is not None,
+        "head_chunk_mb": HEAD_CHUNK_BYTES >> 20,
         "compile": shutil.which("cc") is not None or shutil.which("gcc") is not None or cuda,
     }
 
@@ -236,10 +237,11 @@ def check_train(opts: DoctorOptions) -> CheckResult:
     """A report, never a failure: the device `arlctl train` gets and the fast paths it will use."""
     p = train_paths()
     versions = f"torch {p['torch']}" + (f", CUDA {p['cuda']}, NCCL {p['nccl']}" if p["cuda"] else ", no CUDA")
-    extras = ", ".join(f"{name} {'yes' if p[name] else 'no'}" for name in ("flash_attn", "liger_kernel", "compile"))
+    extras = ", ".join(f"{name} {'yes' if p[name] else 'no'}" for name in ("flash_attn", "compile"))
     where = f"{p['device']} x{p['gpus']}" if p["gpus"] else p["device"]
     detail = (f"{where}; {versions}; ranks over {p['backend']}; --precision auto = "
-              f"{p['precision']}; packed attention {p['attention']}; {extras}")
+              f"{p['precision']}; packed attention {p['attention']}; LM head in {p['head_chunk_mb']} MiB chunks; "
+              f"{extras}")
     return CheckResult("train", True, detail, required=False)
 
 

@@ -513,30 +513,26 @@ for f in sorted(glob.glob(f"{a.run}/memory/rank-*.json"), key=lambda f: int(f.rs
     mems.append(m)
 weights_bytes = info.get("weights_bytes") or sum(os.path.getsize(f) for f in glob.glob(f"{a.model_dir}/*.safetensors"))
 cuda = any("max_allocated" in m for m in mems)
-for m in mems:
-    r = m["rank"]
+for m in mems:  # one line a rank
+    r, stats, h = m["rank"], m.get("load_stats") or {}, m.get("held")
+    read = (f"; read {stats['bytes_read'] / GiB:.3f} of {weights_bytes / GiB:.3f} GiB of weights "
+            f"({stats['bytes_read'] / weights_bytes:.0%}, 1/{a.ngpu} = {1 / a.ngpu:.0%})") if stats.get("bytes_read") else ""
+    held = (f"; held at the end: weights {h['weights'] / GiB:.2f} GiB, grads {h['grads'] / GiB:.2f}, AdamW "
+            f"{h['optimizer'] / GiB:.2f}") if h else ""
+    graphs = f"; dynamo compiled {m['dynamo_graphs']} graph(s)" if m.get("dynamo_graphs") else ""
     if "max_allocated" in m and "load_max_allocated" in m:
-        print(f"  {r}: load {m['load_s']:.1f} s: peak allocated {m['load_max_allocated'] / GiB:.2f} GiB, reserved "
-              f"{m['load_max_reserved'] / GiB:.2f}, held after it {m['after_load_allocated'] / GiB:.2f} (device used "
-              f"{m['after_load_device_used'] / GiB:.2f}); steps: peak allocated {m['max_allocated'] / GiB:.2f} GiB, "
-              f"reserved {m['max_reserved'] / GiB:.2f} (device used at exit {m['device_used'] / GiB:.2f}; {m['device']})")
+        print(f"  {r}: load {m['load_s']:.1f} s, peak allocated {m['load_max_allocated'] / GiB:.2f} GiB (reserved "
+              f"{m['load_max_reserved'] / GiB:.2f}), then held {m['after_load_allocated'] / GiB:.2f}{read}; steps: peak "
+              f"allocated {m['max_allocated'] / GiB:.2f} GiB (reserved {m['max_reserved'] / GiB:.2f}; device used at "
+              f"exit {m['device_used'] / GiB:.2f}){held}{graphs}")
     elif "max_allocated" in m:  # the wrapper could not tell the load from the steps
-        print(f"  {r}: whole run: peak allocated {m['max_allocated'] / GiB:.2f} GiB, reserved "
-              f"{m['max_reserved'] / GiB:.2f} GiB ({m['device']})")
+        print(f"  {r}: whole run: peak allocated {m['max_allocated'] / GiB:.2f} GiB (reserved "
+              f"{m['max_reserved'] / GiB:.2f}){read}{held}{graphs}")
     else:
-        print(f"  {r}: no CUDA: GPU peaks not measured; peak RSS {m['rss_max'] / GiB:.2f} GiB"
-              + (f" ({m['load_rss'] / GiB:.2f} by the end of the load, {m['load_s']:.1f} s)" if "load_rss" in m else ""))
-    stats = m.get("load_stats")
-    if stats and stats.get("bytes_read"):
-        print(f"  {r}: sharded load read {stats['bytes_read'] / GiB:.3f} GiB of the {weights_bytes / GiB:.3f} GiB of "
-              f"weight files ({stats['bytes_read'] / weights_bytes:.0%}; 1/{a.ngpu} = {1 / a.ngpu:.0%}), "
-              f"{stats['tensors']} tensors, largest read {stats['largest_read'] / 2**20:.1f} MiB")
-    if m.get("held"):
-        h = m["held"]
-        print(f"  {r}: held at the end: weights {h['weights'] / GiB:.2f} GiB, grads {h['grads'] / GiB:.2f}, AdamW "
-              f"{h['optimizer'] / GiB:.2f}, reference {h['reference'] / GiB:.2f}")
-    if "dynamo_graphs" in m:
-        print(f"  {r}: dynamo compiled {m['dynamo_graphs']} graph(s)")
+        load = f" ({m['load_rss'] / GiB:.2f} by the end of the {m['load_s']:.1f} s load)" if "load_rss" in m else ""
+        print(f"  {r}: no CUDA, GPU peaks not measured: peak RSS {m['rss_max'] / GiB:.2f} GiB{load}{read}{held}{graphs}")
+if mems and "device" in mems[0]:
+    print(f"  (ranks on {mems[0]['device']}; peaks: torch.cuda.max_memory_allocated / max_memory_reserved)")
 if mems:
     out["dynamo_graphs"] = mems[0].get("dynamo_graphs")
 else:
@@ -572,8 +568,8 @@ if mode:
         reserved = max(max(m["load_max_reserved"], m["max_reserved"]) for m in mems)
         print(f"  measured (the most of any rank) vs plan: load {load / GiB:.2f} vs {mode['load_peak'] / GiB:.2f} GiB "
               f"({load / mode['load_peak']:.2f}x); steps {step / GiB:.2f} vs {mode['step_peak'] / GiB:.2f} GiB "
-              f"({step / mode['step_peak']:.2f}x); reserved {reserved / GiB:.2f} GiB + the plan's "
-              f"{plan['reserve_gb']:g} GiB reserve fits {plan['gpu_mem_gb']:g}: {reserved / GiB + plan['reserve_gb'] <= plan['gpu_mem_gb']}")
+              f"({step / mode['step_peak']:.2f}x); peak reserved {reserved / GiB:.2f} GiB + the plan's {plan['reserve_gb']:g} GiB "
+              f"reserve <= {plan['gpu_mem_gb']:g} GiB: {reserved / GiB + plan['reserve_gb'] <= plan['gpu_mem_gb']}")
         out.update(measured_load=load, measured_step=step, plan_load=mode["load_peak"], plan_step=mode["step_peak"])
         held = [m["held"] for m in mems if m.get("held")]
         if held:
@@ -595,7 +591,9 @@ if mode:
               f" trains {full['trains']}, loads {full['loads']} on {full_plan['gpus']} x {full_plan['gpu_mem_gb']:g} GiB")
         per_layer = (full["step_peak"] - mode["step_peak"]) / (whole - layers) if whole != layers else 0.0
         print(f"  plan per decoder layer: {per_layer / GiB:.3f} GiB a rank at the step")
-        if "measured_step" in out:
+        if "measured_step" not in out:
+            print(f"  measured peaks scaled to {whole} layers: skipped: no CUDA measurement")
+        else:
             print(f"  measured {layers}-layer peaks scaled to {whole} layers by the plan's ratio: load "
                   f"{out['measured_load'] * ratio_load / GiB:.2f} GiB (x{ratio_load:.2f}), steps "
                   f"{out['measured_step'] * ratio_step / GiB:.2f} GiB (x{ratio_step:.2f}): an estimate, not a measurement")
@@ -645,12 +643,16 @@ plan_bg() {
     ) &
     PLAN_PIDS+=("$!")
 }
-plan_show() {  # plan_show NAME DIR: wait for the plans, then NAME's table into the report
+plan_show() {  # plan_show NAME DIR [brief]: wait for the plans, then NAME's table into the report
     local pid
     for pid in "${PLAN_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
     PLAN_PIDS=()
     say "  arlctl plan --model $2 --gpus $NGPU --gpu-mem $GPU_MEM_GB --micro-tokens $MEM_MICRO_TOKENS:"
-    sed 's/^/    /' "$OUT/plan-$1.txt" | tee -a "$REPORT"
+    if [ "${3:-}" = brief ]; then  # the legend once (part 4) is enough
+        sed -e '/^state: /,/that trains *$/d' -e 's/^/    /' "$OUT/plan-$1.txt" | tee -a "$REPORT"
+    else
+        sed 's/^/    /' "$OUT/plan-$1.txt" | tee -a "$REPORT"
+    fi
 }
 # train_run LABEL MODEL WANT_S NO_SAVE SETTINGS: `arlctl train` under torchrun, one rank per GPU, into
 # $WORK/run-LABEL (log $OUT/train-LABEL.log); SETTINGS: JSON members beside strategy fsdp2 and bf16.
@@ -675,13 +677,13 @@ print(" ".join(f"--{k.replace(chr(95), chr(45))}" + ("" if v is True else f" {v}
 }
 # run_report LABEL MODEL [report.py options]: the run's numbers (also after a timeout: the steps so far).
 run_report() {
-    local run=$WORK/run-$1 model=$2
+    local label=$1 run=$WORK/run-$1 model=$2
     shift 2
     if compgen -G "$run/metrics/train-step-*.parquet" >/dev/null; then
-        timeout 60 "$PY" "$WORK/report.py" "$run" "$WORK/models/$model" "$OUT/train-$1.log" \
+        timeout 60 "$PY" "$WORK/report.py" "$run" "$WORK/models/$model" "$OUT/train-$label.log" \
             "$NGPU" "$PEAK" "$@" 2>&1 | tee -a "$REPORT"
     else
-        say "  [$1] no step was written: no numbers"
+        say "  [$label] no step was written: no numbers"
     fi
 }
 
@@ -750,8 +752,11 @@ elif prep_model llama-7b 180; then
         full_args=(--plan-full "$WORK/plan-llama-7b-full.json")
     fi
     train_run mem-llama-7b llama-7b 200 1 "$MEM_SETTINGS, \"pack\": \"on\""
-    plan_show llama-7b "$WORK/models/llama-7b"
-    if ((${#full_args[@]})); then sed 's/^/    /' "$OUT/plan-llama-7b-full.txt" | tee -a "$REPORT"; fi
+    plan_show llama-7b "$WORK/models/llama-7b" brief
+    if ((${#full_args[@]})); then
+        say "  and for the whole model's config ($FULL_LAYERS_7B layers):"
+        sed -e '/^state: /,/that trains *$/d' -e 's/^/    /' "$OUT/plan-llama-7b-full.txt" | tee -a "$REPORT"
+    fi
     run_report mem-llama-7b llama-7b --plan "$WORK/plan-llama-7b.json" "${full_args[@]}"
 else
     skip mem-llama-7b "the model was not written"

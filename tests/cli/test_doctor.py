@@ -228,3 +228,4 @@ def test_the_train_line_reports_this_hosts_device_and_fast_paths():
         assert (paths["backend"], paths["precision"], paths["attention"], paths["cuda"]) == (
             "gloo", "fp32", "arlctl_rows", None)
         assert "no CUDA" in checks["train"]["detail"] and "packed attention arlctl_rows" in checks["train"]["detail"]
+    assert f"LM head in {paths['head_chunk_mb']} MiB chunks" in checks["train"]["detail"]
