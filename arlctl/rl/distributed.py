@@ -140,23 +140,46 @@ def init_dist(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
     return Dist(rank=rank, world=world, local_rank=local_rank, device=dev, backend=backend)
 
 
-def fixed_mmap_threshold(nbytes: int = 128 << 10) -> bool:
-    """Keep glibc's mmap threshold fixed at `nbytes` in this process (a CPU trainer); True where it took.
-
-    By default glibc raises the threshold each time an mmapped block is freed, up to 32 MiB, and from then
-    on blocks of that size come from the heap, which is not returned to the system while anything above
-    them lives. A trainer allocates and frees tensors of every size up to a gathered layer's weights each
-    step, so with the moving threshold a rank's RSS kept growing: two FSDP2 ranks training SmolLM2 went
-    from 2.3 B/param after loading to 18 after one step and 22 after two, against 7 held. With the threshold
-    fixed, blocks over it are mmapped and unmapped when freed, and the same ranks stay at 7 after each step
-    (benchmarks/train_scale.py). GPU memory has its own allocator; this is for the host's."""
+def _libc() -> Any:
     import ctypes
 
     try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl, macOS): nothing to set
-        return False
-    return bool(libc.mallopt(-3, nbytes))  # M_MMAP_THRESHOLD
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, macOS): nothing to tune
+        return None
+
+
+def cpu_heap(world: int) -> str:
+    """Keep a CPU trainer's heap from holding freed tensors; returns the policy taken ("fixed", "trim" or
+    "" where the C library is not glibc). GPU memory has its own allocator; this is for the host's.
+
+    By default glibc raises its mmap threshold each time an mmapped block is freed, up to 32 MiB, and from
+    then on blocks of that size come from the heap, which is not returned to the system while anything above
+    them lives. A trainer allocates and frees tensors of every size each step, so the RSS kept growing:
+    two FSDP2 ranks training SmolLM2 went from 2.3 B/param after loading to 18 after one step and 22 after
+    two, against 7 held; one process held 4.85 GB after 4 steps where its state is 2.07.
+
+    - Ranks (world > 1), where memory per rank is the point: the threshold is fixed at 128 KiB (mallopt),
+      so blocks over it are unmapped when freed. The two ranks hold 6.9 B/param after each step and peak at
+      11.9 inside it. It costs speed: every large tensor faults in fresh pages, 32% on one process's step.
+    - One process: glibc keeps its own threshold, so a step reuses its freed blocks, and `release_heap`
+      gives them back after each step (malloc_trim). It holds 2.07 GB too, for 10% (7.0 s against 6.4 s a
+      step, where the fixed threshold takes 8.4). On ranks it would peak at 17.5-18.8 B/param inside the
+      step, so they keep the fixed threshold. (benchmarks/train_scale.py measures the ranks' bytes.)
+    """
+    libc = _libc()
+    if libc is None:
+        return ""
+    if world > 1:
+        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, fixed: no longer moved by frees
+        return "fixed"
+    return "trim"
+
+
+def release_heap(policy: str) -> None:
+    """After a step under the "trim" policy: return the heap's free pages to the system."""
+    if policy == "trim" and (libc := _libc()) is not None:
+        libc.malloc_trim(0)
 
 
 def resolve_strategy(strategy: str, world: int) -> str:

@@ -95,6 +95,7 @@ class TrainerState:
     ledger: Any = None  # the run's BadValueLedger (stages/train.py), carried between --watch cycles
     packed: bool | None = None  # micro-batches run packed (--pack), decided before the first step (`decide_packing`)
     packing: str = "undecided"  # what was decided, and why when padded
+    heap: str = ""  # the CPU heap's policy (dd.cpu_heap): "trim" releases it after each step
 
     @property
     def lora(self) -> bool:
@@ -117,8 +118,7 @@ class TrainerState:
              d: dd.Dist) -> TrainerState:
         """Build the model, optimizer and schedule on this rank; restore them from `resume_ckpt` when given."""
         cfg = cfg.for_device(d.device)
-        if d.device.type == "cpu":
-            dd.fixed_mmap_threshold()  # freed tensors go back to the system, not into a growing heap
+        heap = dd.cpu_heap(d.world) if d.device.type == "cpu" else ""  # freed tensors go back to the system
         strategy = dd.resolve_strategy(cfg.strategy, d.world)
         if cfg.offload and strategy != "fsdp2":
             raise UsageError("--offload needs --strategy fsdp2 (or auto on more than one rank)")
@@ -154,7 +154,7 @@ class TrainerState:
             trainer = cls(cfg=cfg, d=d, strategy=strategy, module=module, master=master, optimizer=optimizer,
                           scheduler=scheduler, ref=None, tokenizer=tokenizer, initial_policy=initial_policy,
                           step=int(state.get("step", 0)), consumed=list(state.get("consumed_batches", [])),
-                          state=state, last_full=int(state.get("step", 0)))
+                          state=state, last_full=int(state.get("step", 0)), heap=heap)
             if resume_from is not None:
                 _refuse_nonfinite_files(resume_from, resume_ckpt, d)
                 if sharded:
@@ -304,9 +304,11 @@ class TrainerState:
         self._copy_master_to_module()
 
     def zero_grad(self) -> None:
+        """After the optimizer step: the gradients freed, and with them what the step left in the heap."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.master_copy:
             self.module.zero_grad(set_to_none=True)
+        dd.release_heap(self.heap)
 
     def _copy_master_to_module(self) -> None:
         if not self.master_copy:
