@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from arlctl.rl.config import HEAD_CHUNK_MB
 from arlctl.rl.losses import entropy_from_logits, token_logprobs
 from arlctl.rl.packing import Packed, pack, plan_packed
 
@@ -282,7 +283,7 @@ def token_advantages(row_adv: torch.Tensor, prompt_lens: list[int], spans: list[
     return adv[:, 1:]  # [B, L-1]
 
 
-HEAD_CHUNK_BYTES = 256 << 20  # train --head-chunk-mb's default
+HEAD_CHUNK_BYTES = HEAD_CHUNK_MB << 20  # train --head-chunk-mb's default
 
 
 def _head_piece(head: Any, hidden: torch.Tensor, labels: torch.Tensor, temperature: float,

@@ -14,6 +14,8 @@ from typing import Any
 from arlctl.errors import UsageError
 from arlctl.settings import setting
 
+HEAD_CHUNK_MB = 256  # --head-chunk-mb's default: the LM head's logits a chunk (batching.head_logprobs, memory_plan)
+
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 STRATEGIES = ("auto", "fsdp2", "ddp", "single")
@@ -93,7 +95,7 @@ class TrainConfig:
     grad_checkpoint: bool = setting(False, "Activation checkpointing: recompute each decoder layer in backward.")
     compile: bool = setting(False, "torch.compile each decoder layer (dynamic shapes; the packed attention runs "
                                    "eager between compiled parts). The first steps pay the compile.")
-    head_chunk_mb: int = setting(256, "The LM head's logits of the trained tokens in chunks of about this many MiB "
+    head_chunk_mb: int = setting(HEAD_CHUNK_MB, "The LM head's logits of the trained tokens in chunks of about this many MiB "
                                       "(fp32), each recomputed in the backward, so a long micro-batch never holds "
                                       "all [tokens x vocabulary] logits at once (a fused linear + log-prob). 0: one "
                                       "piece.")

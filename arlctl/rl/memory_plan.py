@@ -18,13 +18,13 @@ plus the KL reference when --kl-coef is set (a frozen fp32 copy, sharded like th
 whose reference is the model with its adapters off), and activations per micro-batch token: with
 --grad-checkpoint one hidden state per layer kept, else every saved tensor of a layer (q, k, v, the
 attention output, the MLP's gate/up/activation, norms and residuals), and the log-prob pass's fp32
-logits over the vocabulary. Attention is taken to be linear in tokens (SDPA/flash on CUDA); CPU eager
+logits over the vocabulary for one chunk of 256 MiB (train --head-chunk-mb's default) at a time. Attention is taken to be linear in tokens (SDPA/flash on CUDA); CPU eager
 attention adds a seq x seq term per head that this leaves out.
 
-`load_peak` is the most a rank holds while the model loads. Under FSDP2 (without LoRA) each rank builds
-the model on the meta device and reads only its shards (arlctl/rl/sharded_load.py): 4P/N, the
-reference's 4P/N, and one tensor's shard again as FSDP2 initialises it. DDP, one process, and LoRA (whose
-adapters peft cannot make on the meta device) build the whole fp32 model first: 4P on the device.
+`load_peak` is the most a rank holds while the model loads. Under FSDP2 each rank builds the model on the
+meta device and reads only its shards (arlctl/rl/sharded_load.py): 4P/N, the reference's 4P/N (LoRA: the
+adapters' instead), and one tensor's shard again as FSDP2 initialises it. DDP and one process build the
+whole fp32 model first: 4P on the device.
 
 These are the tensors' own bytes. A real process adds the CUDA context, the allocator's fragmentation and
 NCCL buffers: `--reserve-gb` (default 6) is set aside for them before anything is called a fit.
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from arlctl.errors import UsageError
+from arlctl.rl.config import HEAD_CHUNK_MB
 
 GiB = 1 << 30
 MODES = ("single-fp32", "single-bf16", "ddp-fp32", "fsdp2-fp32", "fsdp2-bf16", "lora-fsdp2")
@@ -77,6 +78,7 @@ class ModePlan:
     micro_tokens: int
     load_peak: float
     transient: float = 0.0  # alive only inside the step: FSDP2's gathered layers and one layer's full grads
+    head: float = 0.0  # the LM head's logits of one chunk of trained tokens, and their log-softmax
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -86,7 +88,7 @@ class ModePlan:
 
     @property
     def step_peak(self) -> float:
-        return self.state + self.transient + self.activations_per_token * self.micro_tokens
+        return self.state + self.transient + self.activations_per_token * self.micro_tokens + self.head
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state, "step_peak": self.step_peak}
@@ -154,13 +156,19 @@ def _count(model: str, config_file: str, _mtime: int, lora_rank: int, lora_targe
 
 
 def activation_bytes_per_token(shape: Shape, compute_bytes: int, grad_checkpoint: bool) -> float:
-    """Bytes of saved activations per token of a micro-batch, and the fp32 logits of the log-prob pass."""
+    """Bytes of saved activations per token of a micro-batch (the LM head's logits are head_bytes')."""
     h, i = shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     per_layer = 6 * h + 2 * q + 2 * kv + 3 * i  # norms, residuals, q/k/v, attention out, gate/up/act
     kept = shape.layers * h + per_layer if grad_checkpoint else shape.layers * per_layer
-    logits = 2 * 4 * shape.vocab  # the fp32 logits and their log-softmax (its gradient reuses the buffer)
-    return kept * compute_bytes + logits
+    return kept * compute_bytes
+
+
+def head_bytes(shape: Shape, micro_tokens: int, chunk_bytes: int = HEAD_CHUNK_MB << 20) -> float:
+    """The log-prob pass's fp32 logits and their log-softmax, alive for one chunk of the trained tokens at a
+    time (batching.head_logprobs: chunks of `chunk_bytes` of logits, recomputed in the backward)."""
+    rows = micro_tokens if chunk_bytes <= 0 else min(micro_tokens, max(1, chunk_bytes // (4 * shape.vocab)))
+    return 2 * 4 * shape.vocab * rows
 
 
 def plan_modes(shape: Shape, ranks: int, micro_tokens: int = 8192, kl: bool = False,
@@ -195,13 +203,16 @@ def plan_modes(shape: Shape, ranks: int, micro_tokens: int = 8192, kl: bool = Fa
             transient = PREFETCH_LAYERS * layer * (2 if bf16 else 4) + layer * 4  # gathered params, a layer's grads
             notes.append("two layers gathered at a time")
         act = activation_bytes_per_token(shape, 2 if bf16 else 4, grad_checkpoint)
-        if sharded and mode != "lora-fsdp2":  # its shards, the reference's, one tensor's shard again
+        if mode == "lora-fsdp2":  # the base's shards and the adapters' (drawn whole, then sharded)
+            load_peak = 4 * p / n + 4 * float(shape.lora_params) / n + 4 * shape.largest_tensor / n
+        elif sharded:  # its shards, the reference's, one tensor's shard again
             load_peak = 4 * p / n + (4 * p / n if reference else 0.0) + 4 * shape.largest_tensor / n
         else:  # the whole fp32 model first (and the reference whole, once the model is in place)
             load_peak = max(4 * p, weights + grads + optimizer + other + 4 * p) if reference else 4 * p
         out.append(ModePlan(mode=mode, ranks=n, weights=weights, grads=grads, optimizer=optimizer, other=other,
                             reference=reference, activations_per_token=act, micro_tokens=micro_tokens,
-                            load_peak=load_peak, transient=transient, notes=notes))
+                            load_peak=load_peak, transient=transient, head=head_bytes(shape, micro_tokens),
+                            notes=notes))
     return out
 
 
@@ -287,14 +298,16 @@ def render(result: dict[str, Any]) -> Any:
         table.add_column(name, justify="right", no_wrap=True)
     for m in result["modes"]:
         table.add_row(m["mode"], _gb(m["weights"] + m["grads"] + m["optimizer"]), _gb(m["other"] + m["transient"]),
-                      _gb(m["reference"]), _gb(m["activations_per_token"] * m["micro_tokens"]), _gb(m["step_peak"]),
+                      _gb(m["reference"]), _gb(m["activations_per_token"] * m["micro_tokens"] + m["head"]),
+                      _gb(m["step_peak"]),
                       _gb(m["load_peak"]), "yes" if m["trains"] and m["loads"] else "load" if m["trains"] else "no",
                       f"{m['largest_params'] / 1e9:,.1f}B")
     lines = ["state: weights + gradients + AdamW; extra: copies and gathered layers; peak: all of it with the "
              "activations; load: the most held while loading; fits: yes, no, or load (trains, but does not load); max: the "
              "largest model of these proportions that trains",
              f"activations: {result['micro_tokens']:,} tokens a micro-batch"
-             f"{', grad checkpointing' if result['grad_checkpoint'] else ''}; "
+             f"{', grad checkpointing' if result['grad_checkpoint'] else ''}, the LM head in {HEAD_CHUNK_MB} MiB "
+             "chunks; "
              f"{result['reserve_gb']:g} GiB a rank set aside (CUDA context, allocator, NCCL)"
              f"{'; KL reference held' if result['kl'] else ''}"]
     if result["fits"]:
