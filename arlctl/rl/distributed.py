@@ -32,6 +32,7 @@ single, ddp and fsdp2.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -140,6 +141,7 @@ def init_dist(device: str = "auto", timeout_s: float = 1800.0) -> Dist:
     return Dist(rank=rank, world=world, local_rank=local_rank, device=dev, backend=backend)
 
 
+@functools.cache
 def _libc() -> Any:
     import ctypes
 

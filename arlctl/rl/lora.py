@@ -58,6 +58,14 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: list[str]) ->
     return get_peft_model(model, config)
 
 
+def file_key(name: str) -> str:
+    """The weights file's name of a model's parameter: a peft LoRA model's base layers are the HF model's own
+    (base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> model.layers.0.self_attn.q_proj.weight)."""
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):].replace(".base_layer.", ".")
+    return name
+
+
 def init_adapters(model: nn.Module, seed: int) -> int:
     """Draw every adapter's A again (kaiming uniform, peft's init) from a generator seeded with `seed`, in
     name order, and zero every B; returns how many adapters. An adapter on the meta device (peft made it
@@ -205,5 +213,5 @@ def write_adapter_dir(directory: Path, state_dict: dict[str, torch.Tensor] | Non
     config.save_pretrained(str(directory))  # adapter_config.json, the file peft's save_pretrained writes
 
 
-__all__ = ["PEFT_PREFIX", "adapter_state_dict", "apply_lora", "init_adapters", "is_lora", "merged_items", "merged_state_dict",
+__all__ = ["PEFT_PREFIX", "adapter_state_dict", "apply_lora", "file_key", "init_adapters", "is_lora", "merged_items", "merged_state_dict",
            "reference_scope", "write_adapter_dir"]

@@ -18,8 +18,9 @@ plus the KL reference when --kl-coef is set (a frozen fp32 copy, sharded like th
 whose reference is the model with its adapters off), and activations per micro-batch token: with
 --grad-checkpoint one hidden state per layer kept, else every saved tensor of a layer (q, k, v, the
 attention output, the MLP's gate/up/activation, norms and residuals), and the log-prob pass's fp32
-logits over the vocabulary for one chunk of 256 MiB (train --head-chunk-mb's default) at a time. Attention is taken to be linear in tokens (SDPA/flash on CUDA); CPU eager
-attention adds a seq x seq term per head that this leaves out.
+logits over the vocabulary, one chunk of --head-chunk-mb's default at a time. Attention is taken to be
+linear in tokens (SDPA/flash on CUDA); CPU eager attention adds a seq x seq term per head that this
+leaves out.
 
 `load_peak` is the most a rank holds while the model loads. Under FSDP2 each rank builds the model on the
 meta device and reads only its shards (arlctl/rl/sharded_load.py): 4P/N, the reference's 4P/N (LoRA: the

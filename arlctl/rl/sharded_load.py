@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from arlctl.errors import TerminalError
-
-PEFT_PREFIX = "base_model.model."  # a PeftModel's names (arlctl/rl/lora.py)
+from arlctl.rl.lora import file_key
 
 # Bytes each call of load_shards read from the files, and the largest single read (tests, benchmarks).
 LOAD_STATS: dict[str, int] = {"bytes_read": 0, "largest_read": 0, "tensors": 0}
@@ -146,14 +145,6 @@ def nonfinite_share(directory: Path, rank: int, world: int, chunk_bytes: int = 6
     return None
 
 
-def file_key(name: str) -> str:
-    """The weights file's name of a model's parameter: a peft LoRA model's base layers are the HF model's own
-    (base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> model.layers.0.self_attn.q_proj.weight)."""
-    if name.startswith(PEFT_PREFIX):
-        name = name[len(PEFT_PREFIX):].replace(".base_layer.", ".")
-    return name
-
-
 def _local_box(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """(the tensor this rank fills, its offset in the global tensor): a DTensor's local shard, or the whole."""
     if hasattr(param, "to_local"):
@@ -218,4 +209,4 @@ def load_shards(module: nn.Module, model_dir: Path, device: torch.device, prefix
     return stats
 
 
-__all__ = ["LOAD_STATS", "WeightFile", "file_key", "nonfinite_share", "load_shards", "meta_parameters"]
+__all__ = ["LOAD_STATS", "WeightFile", "nonfinite_share", "load_shards", "meta_parameters"]

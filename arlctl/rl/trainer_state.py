@@ -127,7 +127,7 @@ class TrainerState:
             # Weights to build from: LoRA and sharded checkpoints restore every trained tensor from the shards,
             # so the base is the initial policy (LoRA) or the checkpoint's HF files (whose dtype may differ).
             base = initial_policy if (cfg.lora_rank or resume_from is None) else resume_from
-            torch.manual_seed(cfg.seed)  # a value head's init (LoRA's adapters have their own generator)
+            torch.manual_seed(cfg.seed)  # whatever the build draws (LoRA's adapters have their own generator)
             # FSDP2: each rank reads only its shard of the weights (a LoRA base's too), once the model is sharded.
             by_shard = strategy == "fsdp2"
             lm = load_model(base, meta=by_shard)

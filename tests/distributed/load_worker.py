@@ -17,7 +17,8 @@ import torch
 
 from arlctl.rl import distributed as dd
 from arlctl.rl.config import TrainConfig
-from arlctl.rl.sharded_load import LOAD_STATS, file_key
+from arlctl.rl.lora import file_key
+from arlctl.rl.sharded_load import LOAD_STATS
 from arlctl.rl.trainer_state import TrainerState
 
 
